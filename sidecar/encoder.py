@@ -1,0 +1,230 @@
+"""The encoder: borrowed frames in, an MP4 out. PyAV only; no gRPC, no leases.
+
+Frames arrive as numpy views of slab memory and become PyAV frames with
+`VideoFrame.from_numpy_buffer`, which points FFmpeg at the same bytes instead of copying.
+RGB-family input is converted to yuv420p (BT.709, limited range) by swscale; 4:2:0 input
+that a GPU already converted goes to the encoder as is. libx264 copies each picture into
+its own buffers inside `encode()`, so a slab region may be reused once `encode()` returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import av
+import numpy as np
+from av.video.reformatter import ColorRange, Colorspace, VideoReformatter
+
+from .errors import InvalidRequest
+from .frames import Geometry
+
+# AVCOL_* values for BT.709: primaries, transfer and matrix are all 1; limited range is 1.
+BT709 = 1
+LIMITED_RANGE = 1
+
+
+@dataclass(frozen=True)
+class CodecChoice:
+    name: str
+    encoder: str
+    default_preset: str
+    default_crf: int
+    max_crf: int
+    quiet: Mapping[str, str] = field(default_factory=dict)
+
+
+CODECS: dict[str, CodecChoice] = {
+    "h264": CodecChoice("h264", "libx264", "ultrafast", 18, 51),
+    "h265": CodecChoice("h265", "libx265", "ultrafast", 20, 51, {"x265-params": "log-level=error"}),
+    "av1": CodecChoice("av1", "libsvtav1", "10", 30, 63),
+}
+ALIASES = {
+    "": "h264",
+    "avc": "h264",
+    "x264": "h264",
+    "libx264": "h264",
+    "hevc": "h265",
+    "x265": "h265",
+    "libx265": "h265",
+    "libsvtav1": "av1",
+    "svtav1": "av1",
+}
+
+_PRESET_RE = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
+_OPTION_KEY_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
+@dataclass(frozen=True)
+class CodecSpec:
+    """What the client asked for; `resolve()` checks it and fills in defaults."""
+
+    codec: str = "h264"
+    crf: int | None = None
+    preset: str = ""
+    gop: int | None = None
+    threads: int = 0
+    extra: tuple[tuple[str, str], ...] = ()
+
+    def resolve(self) -> ResolvedCodec:
+        key = self.codec.strip().lower()
+        choice = CODECS.get(ALIASES.get(key, key))
+        if choice is None:
+            raise InvalidRequest(
+                "codec.codec", f"unknown codec {self.codec[:32]!r}; use one of {', '.join(CODECS)}"
+            )
+        crf = choice.default_crf if self.crf is None else self.crf
+        if not 0 <= crf <= choice.max_crf:
+            raise InvalidRequest(
+                "codec.crf", f"{crf} is outside 0..{choice.max_crf} for {choice.name}"
+            )
+        preset = self.preset or choice.default_preset
+        if not _PRESET_RE.match(preset):
+            raise InvalidRequest("codec.preset", f"{preset[:40]!r} is not a preset name")
+        if self.gop is not None and not 1 <= self.gop <= 100_000:
+            raise InvalidRequest("codec.gop", f"{self.gop} is outside 1..100000")
+        if not 0 <= self.threads <= 256:
+            raise InvalidRequest("codec.threads", f"{self.threads} is outside 0..256")
+        if len(self.extra) > 32:
+            raise InvalidRequest("codec.extra", "at most 32 options")
+        options = {"preset": preset, "crf": str(crf), **choice.quiet}
+        for k, v in self.extra:
+            if not _OPTION_KEY_RE.match(k):
+                raise InvalidRequest("codec.extra", f"{k[:40]!r} is not an option name")
+            if len(v) > 1024 or "\x00" in v:
+                raise InvalidRequest(f"codec.extra[{k}]", "value too long or holds NUL")
+            options[k] = v
+        return ResolvedCodec(choice, options, self.gop, self.threads)
+
+
+@dataclass(frozen=True)
+class ResolvedCodec:
+    choice: CodecChoice
+    options: dict[str, str]
+    gop: int | None
+    threads: int
+
+
+@dataclass
+class EncodeTimings:
+    convert: float = 0.0
+    encode: float = 0.0
+    mux: float = 0.0
+    finalize: float = 0.0
+
+
+class VideoEncoder:
+    """One output: an MP4 container with a single video stream, fed borrowed frames.
+
+    `sink` is a path FFmpeg opens itself (a file, or /proc/self/fd/N of a memfd), so the
+    muxer can rewrite the header for faststart and no Python I/O sits in the hot loop.
+    """
+
+    def __init__(
+        self,
+        sink: str,
+        geometry: Geometry,
+        codec: ResolvedCodec,
+        threads: int,
+    ) -> None:
+        self.geometry = geometry
+        self.codec = codec
+        self.frames = 0
+        self.timings = EncodeTimings()
+        self._layout = geometry.layout
+        self._needs_convert = self._layout.name != "yuv420p"
+        # PyAV mis-sizes borrowed 4:2:0 frames whose height is not a multiple of 4.
+        self._copy_420 = self._layout.planar420 and geometry.height % 4 != 0
+        self._reformatter = VideoReformatter()
+        self._convert_threads = max(1, min(threads, 8)) if threads else 1
+        self._container = av.open(sink, "w", format="mp4", options={"movflags": "+faststart"})
+        try:
+            self._stream = self._add_stream(threads)
+        except BaseException:
+            self._container.close()
+            raise
+
+    def _add_stream(self, threads: int) -> av.video.stream.VideoStream:
+        g = self.geometry
+        stream = self._container.add_stream(self.codec.choice.encoder, rate=g.fps)
+        assert isinstance(stream, av.VideoStream)
+        ctx = stream.codec_context
+        ctx.width = g.width
+        ctx.height = g.height
+        ctx.pix_fmt = "yuv420p"
+        ctx.time_base = Fraction(1) / g.fps
+        stream.time_base = ctx.time_base
+        # Tag the stream as BT.709 limited range, which is what the conversion produces.
+        ctx.color_primaries = BT709
+        ctx.color_trc = BT709
+        ctx.colorspace = BT709
+        ctx.color_range = LIMITED_RANGE
+        if self.codec.gop is not None:
+            ctx.gop_size = self.codec.gop
+        ctx.thread_type = "FRAME"
+        ctx.thread_count = threads
+        ctx.options = dict(self.codec.options)
+        try:
+            ctx.open()
+        except av.error.FFmpegError as exc:
+            raise InvalidRequest(
+                "codec",
+                f"{self.codec.choice.encoder} rejected the options {self.codec.options}: {exc}",
+            ) from None
+        return stream
+
+    def encode(self, image: np.ndarray) -> None:
+        """Encode one frame; `image` is borrowed and may be reused when this returns."""
+        t0 = time.perf_counter()
+        if self._copy_420:
+            frame = av.VideoFrame.from_ndarray(image, format=self._layout.name)
+        else:
+            frame = av.VideoFrame.from_numpy_buffer(image, format=self._layout.name)
+        if self._needs_convert:
+            frame = self._reformatter.reformat(
+                frame,
+                format="yuv420p",
+                src_colorspace=Colorspace.ITU709,
+                dst_colorspace=Colorspace.ITU709,
+                src_color_range=ColorRange.MPEG if self._layout.planar420 else ColorRange.JPEG,
+                dst_color_range=ColorRange.MPEG,
+                threads=self._convert_threads,
+            )
+        frame.colorspace = BT709
+        frame.color_range = LIMITED_RANGE
+        frame.pts = self.frames
+        t1 = time.perf_counter()
+        packets = self._stream.encode(frame)
+        t2 = time.perf_counter()
+        self._container.mux(packets)
+        t3 = time.perf_counter()
+        self.frames += 1
+        self.timings.convert += t1 - t0
+        self.timings.encode += t2 - t1
+        self.timings.mux += t3 - t2
+
+    def close(self) -> None:
+        """Drain the encoder and finish the container (writes the index up front)."""
+        t0 = time.perf_counter()
+        packets = self._stream.encode(None)
+        t1 = time.perf_counter()
+        self._container.mux(packets)
+        t2 = time.perf_counter()
+        self._container.close()
+        t3 = time.perf_counter()
+        self.timings.encode += t1 - t0
+        self.timings.mux += t2 - t1
+        self.timings.finalize += t3 - t2
+
+    def abort(self) -> None:
+        """Stop without finishing; the caller discards the output."""
+        with contextlib.suppress(Exception):
+            self._container.close()
+
+    @property
+    def duration(self) -> float:
+        return float(self.frames / self.geometry.fps)

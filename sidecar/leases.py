@@ -1,0 +1,210 @@
+"""The lease table: who holds which region of which slab, and until when.
+
+Pure bookkeeping (no shared memory, no gRPC), safe to call from the event loop and from
+encoder threads. A lease is
+
+    HELD      granted to a client, which is writing frames into it; expires after the TTL
+    ENCODING  handed to an encode; never expires, freed as soon as its frames are consumed
+
+Lease ids are 128-bit random. A lease is visible only to the client token that took it:
+to anyone else it does not exist.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from .allocator import RegionAllocator
+from .errors import LeaseBusy, LeaseNotFound, OutOfRange
+
+
+@dataclass(eq=False)
+class Lease:
+    id: str
+    owner: str
+    slab_id: int
+    offset: int
+    size: int
+    expires_at: float
+    encoding: bool = False
+
+
+@dataclass(frozen=True)
+class PoolUsage:
+    slabs: int
+    slab_size: int
+    total_bytes: int
+    leased_bytes: int
+    active_leases: int
+    largest_free: int
+
+
+class LeaseTable:
+    """Grants aligned regions of fixed-size slabs as leases with a TTL."""
+
+    def __init__(
+        self,
+        slab_count: int,
+        slab_size: int,
+        *,
+        alignment: int = 4096,
+        ttl: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+        on_free: Callable[[], None] | None = None,
+    ) -> None:
+        self.slab_size = slab_size
+        self.alignment = alignment
+        self.ttl = ttl
+        self._clock = clock
+        self._allocators = [RegionAllocator(slab_size, alignment) for _ in range(slab_count)]
+        self._leases: dict[str, Lease] = {}
+        self._lock = threading.Lock()
+        self.on_free = on_free
+        self.granted = 0
+        self.expired = 0
+
+    # -- granting and giving back --------------------------------------------------------
+
+    def grant(self, owner: str, size: int) -> Lease | None:
+        """A lease of at least `size` bytes, or None if no slab has room right now."""
+        if size <= 0:
+            raise OutOfRange(f"lease size must be positive, got {size}")
+        if size > self.slab_size:
+            raise OutOfRange(
+                f"lease of {size} bytes exceeds the slab size {self.slab_size}; "
+                "split the video into frame ranges of at most one slab each"
+            )
+        with self._lock:
+            for slab_id, allocator in enumerate(self._allocators):
+                region = allocator.allocate(size)
+                if region is not None:
+                    offset, length = region
+                    lease = Lease(
+                        id=secrets.token_hex(16),
+                        owner=owner,
+                        slab_id=slab_id,
+                        offset=offset,
+                        size=length,
+                        expires_at=self._clock() + self.ttl,
+                    )
+                    self._leases[lease.id] = lease
+                    self.granted += 1
+                    return lease
+        return None
+
+    def lookup(self, owner: str, lease_id: str) -> Lease:
+        with self._lock:
+            return self._get(owner, lease_id)
+
+    def release(self, owner: str, lease_id: str) -> None:
+        """Give back a lease that has not been handed to an encode."""
+        with self._lock:
+            lease = self._get(owner, lease_id)
+            if lease.encoding:
+                raise LeaseBusy(f"lease {lease_id} is in use by an encode; it frees itself")
+            self._drop(lease)
+        self._notify()
+
+    def take(self, owner: str, lease_ids: Iterable[str]) -> list[Lease]:
+        """Hand leases to an encode, all or none. Duplicate ids are taken once."""
+        unique = list(dict.fromkeys(lease_ids))
+        with self._lock:
+            leases = [self._get(owner, lease_id) for lease_id in unique]
+            for lease in leases:
+                if lease.encoding:
+                    raise LeaseBusy(f"lease {lease.id} is already in use by another encode")
+            for lease in leases:
+                lease.encoding = True
+        return leases
+
+    def free(self, leases: Sequence[Lease]) -> None:
+        """Return leases to the pool once their frames are consumed. Idempotent."""
+        freed = False
+        with self._lock:
+            for lease in leases:
+                if self._leases.get(lease.id) is lease:
+                    self._drop(lease)
+                    freed = True
+        if freed:
+            self._notify()
+
+    def renew(self, owner: str, lease_id: str) -> Lease:
+        """Push a held lease's expiry one TTL into the future."""
+        with self._lock:
+            lease = self._get(owner, lease_id)
+            lease.expires_at = self._clock() + self.ttl
+            return lease
+
+    # -- reclaiming ----------------------------------------------------------------------
+
+    def expire(self) -> list[Lease]:
+        """Reclaim held leases whose TTL has passed; leases in an encode never expire."""
+        now = self._clock()
+        with self._lock:
+            stale = [
+                lease
+                for lease in self._leases.values()
+                if not lease.encoding and lease.expires_at <= now
+            ]
+            for lease in stale:
+                self._drop(lease)
+            self.expired += len(stale)
+        if stale:
+            self._notify()
+        return stale
+
+    def drop_owner(self, owner: str) -> int:
+        """Reclaim every held lease of one client (e.g. when it re-attaches)."""
+        with self._lock:
+            mine = [
+                lease
+                for lease in self._leases.values()
+                if lease.owner == owner and not lease.encoding
+            ]
+            for lease in mine:
+                self._drop(lease)
+        if mine:
+            self._notify()
+        return len(mine)
+
+    # -- reporting -----------------------------------------------------------------------
+
+    def usage(self) -> PoolUsage:
+        with self._lock:
+            return PoolUsage(
+                slabs=len(self._allocators),
+                slab_size=self.slab_size,
+                total_bytes=self.slab_size * len(self._allocators),
+                leased_bytes=sum(a.allocated_bytes for a in self._allocators),
+                active_leases=len(self._leases),
+                largest_free=max(a.largest_free for a in self._allocators),
+            )
+
+    def owners(self) -> set[str]:
+        with self._lock:
+            return {lease.owner for lease in self._leases.values()}
+
+    def __len__(self) -> int:
+        return len(self._leases)
+
+    # -- internals (lock held) -----------------------------------------------------------
+
+    def _get(self, owner: str, lease_id: str) -> Lease:
+        lease = self._leases.get(lease_id)
+        if lease is None or not secrets.compare_digest(lease.owner, owner):
+            raise LeaseNotFound(
+                f"no lease {lease_id[:40]!r} (unknown, expired or already consumed)"
+            )
+        return lease
+
+    def _drop(self, lease: Lease) -> None:
+        del self._leases[lease.id]
+        self._allocators[lease.slab_id].free(lease.offset)
+
+    def _notify(self) -> None:
+        if self.on_free is not None:
+            self.on_free()

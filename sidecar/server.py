@@ -1,0 +1,173 @@
+"""The daemon's lifecycle: startup, serve, graceful shutdown.
+
+Signal handlers only set flags; the serve loop notices them. The first SIGTERM/SIGINT
+starts a graceful shutdown: health turns NOT_SERVING, new work is refused, in-flight
+encodes get `shutdown_grace` seconds, then the slabs are unlinked. A second signal cuts
+the grace short.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import grp
+import logging
+import os
+import signal
+import socket
+import stat
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from .api.v1 import sidecar_pb2 as pb
+from .api.v1 import sidecar_pb2_grpc as pb_grpc
+from .config import Config, runtime_dir
+from .errors import StartupError
+from .service import Sidecar
+from .servicer import VideoSidecarServicer
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["VideoSidecar"].full_name
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+
+
+def sd_notify(message: str) -> None:
+    """Tell systemd about our state (Type=notify), if it is listening."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.connect(address)
+        s.sendall(message.encode())
+
+
+class Server:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.should_exit = False
+        self.force_exit = False
+        self.sidecar = Sidecar(config)
+        self.health = health.aio.HealthServicer()
+        self._grpc: grpc.aio.Server | None = None
+        self._socket_path = Path(config.socket)
+
+    # -- entry points --------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Serve until a signal asks us to stop. Raises StartupError on a bad setup."""
+        try:
+            import uvloop
+        except ImportError:
+            asyncio.run(self.serve())
+        else:
+            uvloop.run(self.serve())
+
+    async def serve(self) -> None:
+        self.install_signal_handlers()
+        await self.startup()
+        try:
+            while not self.should_exit:
+                await asyncio.sleep(0.1)
+        finally:
+            await self.shutdown()
+
+    # -- phases --------------------------------------------------------------------------
+
+    async def startup(self) -> None:
+        self._prepare_socket()
+        await self.sidecar.start()
+        try:
+            server = grpc.aio.server(
+                options=[
+                    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                    ("grpc.so_reuseport", 0),
+                ]
+            )
+            pb_grpc.add_VideoSidecarServicer_to_server(VideoSidecarServicer(self.sidecar), server)
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+            reflection.enable_server_reflection(
+                (
+                    SERVICE_NAME,
+                    health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                    reflection.SERVICE_NAME,
+                ),
+                server,
+            )
+            address = f"unix:{self._socket_path}"
+            if server.add_insecure_port(address) == 0:
+                raise StartupError(f"cannot listen on {address}")
+            await server.start()
+            self._grpc = server
+            os.chmod(self._socket_path, 0o660 if self.config.shm_group else 0o600)
+            if self.config.shm_group:
+                os.chown(self._socket_path, -1, grp.getgrnam(self.config.shm_group).gr_gid)
+        except BaseException:
+            await self.sidecar.close()
+            raise
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("serving on %s", address)
+        sd_notify("READY=1\nSTATUS=serving")
+
+    async def shutdown(self) -> None:
+        log.info("shutting down")
+        sd_notify("STOPPING=1")
+        await self.health.enter_graceful_shutdown()  # every service reports NOT_SERVING
+        self.sidecar.stop_accepting()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.shutdown_grace
+        while self.sidecar.busy and not self.force_exit and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        if self.sidecar.busy:
+            log.warning("cancelling encodes still running")
+            await self.sidecar.cancel_all()
+        if self._grpc is not None:
+            await self._grpc.stop(grace=1.0)
+        await self.sidecar.close()
+        with contextlib.suppress(FileNotFoundError):
+            self._socket_path.unlink()
+        log.info("stopped")
+
+    # -- signals -------------------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.handle_exit, sig)
+
+    def handle_exit(self, sig: int) -> None:
+        if self.should_exit:
+            self.force_exit = True
+        self.should_exit = True
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _prepare_socket(self) -> None:
+        path = self._socket_path
+        directory = path.parent
+        if directory == runtime_dir() or not directory.exists():
+            mode = 0o770 if self.config.shm_group else 0o700
+            directory.mkdir(parents=True, exist_ok=True, mode=mode)
+            st = directory.stat()
+            if st.st_uid != os.getuid():
+                raise StartupError(
+                    f"socket directory {directory} belongs to uid {st.st_uid}, not us"
+                )
+            os.chmod(directory, mode)
+        if path.exists() or path.is_symlink():
+            if not stat.S_ISSOCK(path.lstat().st_mode):
+                raise StartupError(f"{path} exists and is not a socket")
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                try:
+                    probe.connect(str(path))
+                except OSError:
+                    path.unlink()  # left by a daemon that died
+                else:
+                    raise StartupError(f"another daemon is already listening on {path}")

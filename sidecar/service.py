@@ -1,0 +1,452 @@
+"""The daemon's domain layer: attach, lease, release, encode, status. No gRPC here.
+
+`Sidecar` owns the slabs, the lease table and the encoder threads. Encodes run on a
+bounded thread pool, never on the event loop, so health and status keep answering while
+a long encode runs; PyAV drops the GIL while it converts, encodes and muxes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import __version__
+from .config import Config, cpu_count
+from .encoder import CodecSpec
+from .errors import (
+    Cancelled,
+    InvalidRequest,
+    NotAttached,
+    PoolExhausted,
+    ShuttingDown,
+    StartupError,
+)
+from .frames import FrameRangeSpec, Limits, check_geometry, place_ranges
+from .jobs import EncodeJob, EncodeOutcome, EncodePlan, Progress
+from .leases import Lease, LeaseTable, PoolUsage
+from .output import FileTarget
+from .shm import Slab, SlabSet
+
+log = logging.getLogger(__name__)
+
+CHUNK_SIZE = 1024 * 1024  # bytes outputs travel in pieces well under gRPC's 4 MiB limit
+MAX_CLIENTS = 4096
+
+
+@dataclass(frozen=True)
+class VideoRequest:
+    width: int
+    height: int
+    pixel_format: str
+    fps: tuple[int, int]
+    ranges: tuple[FrameRangeSpec, ...]
+
+
+@dataclass(frozen=True)
+class EncodeSpec:
+    """An encode request in domain terms (what the servicer builds from the proto)."""
+
+    client_token: str
+    request_id: str
+    video: VideoRequest
+    codec: CodecSpec = field(default_factory=CodecSpec)
+    path: str | None = None  # relative to the output root; None means bytes
+    overwrite: bool = False
+
+
+@dataclass(frozen=True)
+class Chunk:
+    offset: int
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Result:
+    request_id: str
+    path: str
+    size_bytes: int
+    frames: int
+    duration_s: float
+    codec: str
+    container: str
+    width: int
+    height: int
+    timings_ms: dict[str, float]
+
+
+Event = Progress | Chunk | Result
+
+
+@dataclass(frozen=True)
+class Attachment:
+    client_token: str
+    instance_id: str
+    shm_dir: str
+    slabs: list[Slab]
+    limits: Limits
+    alignment: int
+    slab_size: int
+    lease_ttl: float
+    max_lease_wait: float
+
+
+@dataclass
+class ClientInfo:
+    name: str
+    pid: int
+    attached_at: float
+
+
+@dataclass
+class Stats:
+    requests: int = 0
+    encodes_ok: int = 0
+    encodes_failed: int = 0
+    frames_encoded: int = 0
+    bytes_out: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    version: str
+    instance_id: str
+    uptime_s: float
+    pool: PoolUsage
+    active_encodes: int
+    queued_encodes: int
+    max_concurrent_encodes: int
+    clients: int
+    stats: Stats
+    leases_granted: int
+    leases_expired: int
+
+
+class Sidecar:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.limits = Limits(
+            max_frames=config.max_frames,
+            max_width=config.max_width,
+            max_height=config.max_height,
+            max_request_bytes=config.max_request_bytes,
+        )
+        self.slabset = SlabSet(
+            config.shm_dir, config.shm_prefix, config.slabs, config.slab_size, config.shm_group
+        )
+        self.leases = LeaseTable(
+            config.slabs,
+            config.slab_size,
+            alignment=config.slab_alignment,
+            ttl=config.lease_ttl,
+        )
+        self.output_root = Path(config.output_dir)
+        self.stats = Stats()
+        self._clients: dict[str, ClientInfo] = {}
+        self._started_at = time.monotonic()
+        self._accepting = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._freed: asyncio.Event | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self._running: set[asyncio.Task[EncodeOutcome]] = set()
+        self._jobs: set[EncodeJob] = set()
+        self._active = 0
+        self._queued = 0
+        self._reaper: asyncio.Task[None] | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._freed = asyncio.Event()
+        self._prepare_output_root()
+        self.slabset.open()
+        self.leases.on_free = self._wake_waiters
+        self._executor = ThreadPoolExecutor(
+            max_workers=self.config.max_concurrent_encodes, thread_name_prefix="encode"
+        )
+        self._slots = asyncio.Semaphore(self.config.max_concurrent_encodes)
+        self._reaper = asyncio.create_task(self._reap_expired(), name="lease-reaper")
+        self._accepting = True
+
+    def _prepare_output_root(self) -> None:
+        try:
+            self.output_root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StartupError(
+                f"cannot create output directory {self.output_root}: {exc}"
+            ) from None
+        if not os.access(self.output_root, os.W_OK | os.X_OK):
+            raise StartupError(f"output directory {self.output_root} is not writable")
+
+    def stop_accepting(self) -> None:
+        self._accepting = False
+
+    @property
+    def busy(self) -> bool:
+        """True while any encode is queued or running."""
+        return bool(self._running)
+
+    async def cancel_all(self) -> None:
+        """Cancel every encode still running and wait for their threads to let go."""
+        for job in list(self._jobs):
+            job.cancel.set()
+        if self._running:
+            await asyncio.wait(set(self._running), timeout=30)
+
+    async def close(self) -> None:
+        """Release everything: threads, slabs (unlinked), lock."""
+        self._accepting = False
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+        self.slabset.close()
+
+    # -- clients and leases --------------------------------------------------------------
+
+    def attach(self, name: str, pid: int) -> Attachment:
+        self._check_accepting()
+        if len(self._clients) >= MAX_CLIENTS:
+            self._forget_idle_clients()
+        token = secrets.token_hex(16)
+        self._clients[token] = ClientInfo(name[:128], pid, time.time())
+        log.info("client attached: name=%r pid=%d", name[:128], pid)
+        return Attachment(
+            client_token=token,
+            instance_id=self.slabset.instance,
+            shm_dir=str(self.slabset.directory),
+            slabs=list(self.slabset.slabs),
+            limits=self.limits,
+            alignment=self.leases.alignment,
+            slab_size=self.config.slab_size,
+            lease_ttl=self.config.lease_ttl,
+            max_lease_wait=self.config.max_lease_wait,
+        )
+
+    def _forget_idle_clients(self) -> None:
+        busy = self.leases.owners()
+        oldest = sorted(
+            (t for t in self._clients if t not in busy), key=lambda t: self._clients[t].attached_at
+        )
+        for token in oldest[: len(oldest) // 2 + 1]:
+            del self._clients[token]
+
+    def check_client(self, token: str) -> None:
+        if token not in self._clients:
+            raise NotAttached("unknown client token; call Attach (the daemon may have restarted)")
+
+    async def lease(self, token: str, size: int, wait: float) -> Lease:
+        """Grant a lease, waiting at most `wait` seconds (capped) for room."""
+        self._check_accepting()
+        self.check_client(token)
+        assert self._freed is not None
+        deadline = time.monotonic() + max(0.0, min(wait, self.config.max_lease_wait))
+        while True:
+            self._freed.clear()
+            lease = self.leases.grant(token, size)
+            if lease is not None:
+                return lease
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                usage = self.leases.usage()
+                raise PoolExhausted(
+                    f"no room for {size} bytes within the wait: {usage.leased_bytes} of "
+                    f"{usage.total_bytes} bytes leased, largest free region {usage.largest_free}"
+                )
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._freed.wait(), remaining)
+
+    def release(self, token: str, lease_id: str) -> None:
+        self.check_client(token)
+        self.leases.release(token, lease_id)
+
+    def _wake_waiters(self) -> None:
+        # Called from encoder threads as well as the loop.
+        loop, freed = self._loop, self._freed
+        if loop is not None and freed is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is already closed at shutdown
+                loop.call_soon_threadsafe(freed.set)
+
+    async def _reap_expired(self) -> None:
+        interval = min(1.0, self.config.lease_ttl / 4)
+        while True:
+            await asyncio.sleep(interval)
+            expired = self.leases.expire()
+            if expired:
+                log.warning(
+                    "reclaimed %d expired leases (clients gone or silent for %.0fs)",
+                    len(expired),
+                    self.config.lease_ttl,
+                )
+
+    # -- encoding ------------------------------------------------------------------------
+
+    def plan(self, spec: EncodeSpec) -> EncodePlan:
+        """Check a request completely, touching no memory and taking no leases."""
+        self.check_client(spec.client_token)
+        v = spec.video
+        geometry = check_geometry(v.width, v.height, v.pixel_format, v.fps, self.limits)
+        codec = spec.codec.resolve()
+        leases = {r.lease_id: self.leases.lookup(spec.client_token, r.lease_id) for r in v.ranges}
+        ranges = place_ranges(geometry, list(v.ranges), leases, self.limits)
+        target = None
+        if spec.path is not None:
+            target = FileTarget.prepare(self.output_root, spec.path, spec.overwrite)
+        return EncodePlan(spec.request_id, geometry, ranges, codec, target, spec.codec.threads)
+
+    async def encode(self, spec: EncodeSpec, received_at: float) -> AsyncIterator[Event]:
+        """Validate, take the leases, encode on a worker thread, stream events back."""
+        self._check_accepting()
+        self.stats.requests += 1
+        t0 = time.perf_counter()
+        plan = self.plan(spec)
+        self.leases.take(spec.client_token, [r.lease.id for r in plan.ranges])
+        validate_ms = (time.perf_counter() - t0) * 1e3
+
+        loop = self._loop
+        assert loop is not None
+        events: asyncio.Queue[Progress] = asyncio.Queue()
+
+        def emit(event: Progress) -> None:  # called on the encoder thread
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        job = EncodeJob(plan, [slab.array for slab in self.slabset.slabs], self.leases, emit)
+        runner = asyncio.create_task(self._run(job), name=f"encode-{spec.request_id}")
+        self._running.add(runner)
+        runner.add_done_callback(self._running.discard)
+        outcome: EncodeOutcome | None = None
+        finished = False
+        try:
+            while not runner.done():
+                getter = asyncio.ensure_future(events.get())
+                await asyncio.wait({getter, runner}, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    yield getter.result()
+                else:
+                    getter.cancel()
+            while not events.empty():
+                yield events.get_nowait()
+            outcome = runner.result()
+            if plan.target is None:
+                for offset, data in outcome.read_chunks(CHUNK_SIZE):
+                    yield Chunk(offset, data)
+            timings = {
+                "queue_ms": job.queue_s * 1e3,
+                "validate_ms": validate_ms,
+                **outcome.timings_ms,
+                "total_ms": (time.perf_counter() - received_at) * 1e3,
+            }
+            finished = True
+            self.stats.encodes_ok += 1
+            self.stats.frames_encoded += outcome.frames
+            self.stats.bytes_out += outcome.size_bytes
+            yield Result(
+                request_id=spec.request_id,
+                path=outcome.path,
+                size_bytes=outcome.size_bytes,
+                frames=outcome.frames,
+                duration_s=outcome.duration_s,
+                codec=plan.codec.choice.name,
+                container="mp4",
+                width=plan.geometry.width,
+                height=plan.geometry.height,
+                timings_ms=timings,
+            )
+        except BaseException:
+            if not finished:
+                # The client went away or the job failed: stop the encoder (it frees leases).
+                job.cancel.set()
+                self.stats.encodes_failed += 1
+            raise
+        finally:
+            if outcome is not None:
+                outcome.close()
+
+    async def _run(self, job: EncodeJob) -> EncodeOutcome:
+        """Wait for an encoder slot, then run the job on the thread pool."""
+        assert self._slots is not None and self._loop is not None
+        queued_at = time.perf_counter()
+        queued = True
+        self._queued += 1
+        self._jobs.add(job)
+        try:
+            async with self._slots:
+                self._queued -= 1
+                queued = False
+                job.queue_s = time.perf_counter() - queued_at
+                if job.cancel.is_set():
+                    raise Cancelled("cancelled while waiting for an encoder")
+                self._active += 1
+                try:
+                    if not job.threads:
+                        job.threads = self._auto_threads()
+                    future = self._loop.run_in_executor(self._executor, job.run)
+                    try:
+                        return await asyncio.shield(future)
+                    except asyncio.CancelledError:
+                        # Never free leases under a running thread: stop it and wait.
+                        job.cancel.set()
+                        with contextlib.suppress(BaseException):
+                            await future
+                        raise
+                finally:
+                    self._active -= 1
+        finally:
+            if queued:
+                self._queued -= 1
+            self._jobs.discard(job)
+            # A job that never ran still owns its leases; for one that ran this is a no-op.
+            self.leases.free([r.lease for r in job.plan.ranges])
+
+    def _auto_threads(self) -> int:
+        if self.config.encoder_threads:
+            return self.config.encoder_threads
+        return max(2, cpu_count() // max(1, self._active))
+
+    # -- reporting -----------------------------------------------------------------------
+
+    def status(self) -> StatusReport:
+        return StatusReport(
+            version=__version__,
+            instance_id=self.slabset.instance,
+            uptime_s=time.monotonic() - self._started_at,
+            pool=self.leases.usage(),
+            active_encodes=self._active,
+            queued_encodes=self._queued,
+            max_concurrent_encodes=self.config.max_concurrent_encodes,
+            clients=len(self._clients),
+            stats=self.stats,
+            leases_granted=self.leases.granted,
+            leases_expired=self.leases.expired,
+        )
+
+    def _check_accepting(self) -> None:
+        if not self._accepting:
+            raise ShuttingDown("the daemon is shutting down")
+
+
+__all__ = [
+    "Attachment",
+    "Chunk",
+    "EncodeSpec",
+    "Event",
+    "InvalidRequest",
+    "Progress",
+    "Result",
+    "Sidecar",
+    "StatusReport",
+    "VideoRequest",
+]

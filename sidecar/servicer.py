@@ -1,0 +1,269 @@
+"""The gRPC face of the daemon: proto in, domain call, proto out.
+
+Thin on purpose. Every domain error becomes a status code in exactly one place,
+`STATUS_OF`, and the error's class name travels in the trailing metadata key
+`video-sidecar-error`, so clients can tell, say, an unknown token from a busy lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import wraps
+from typing import Any, TypeVar
+
+import grpc
+
+from . import __version__
+from .api.v1 import sidecar_pb2 as pb
+from .api.v1 import sidecar_pb2_grpc as pb_grpc
+from .encoder import CodecSpec
+from .errors import (
+    Cancelled,
+    DiskFull,
+    EncodeFailed,
+    InvalidRequest,
+    LeaseBusy,
+    LeaseNotFound,
+    NotAttached,
+    OutOfRange,
+    OutputError,
+    OutputExists,
+    PoolExhausted,
+    ShuttingDown,
+    SidecarError,
+)
+from .frames import FrameRangeSpec
+from .jobs import Progress
+from .service import Attachment, Chunk, EncodeSpec, Result, Sidecar, StatusReport, VideoRequest
+
+log = logging.getLogger(__name__)
+
+ERROR_KEY = "video-sidecar-error"
+MAX_RANGES = 65_536
+
+STATUS_OF: dict[type[SidecarError], grpc.StatusCode] = {
+    InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
+    NotAttached: grpc.StatusCode.FAILED_PRECONDITION,
+    LeaseNotFound: grpc.StatusCode.NOT_FOUND,
+    LeaseBusy: grpc.StatusCode.FAILED_PRECONDITION,
+    PoolExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    OutOfRange: grpc.StatusCode.OUT_OF_RANGE,
+    OutputExists: grpc.StatusCode.ALREADY_EXISTS,
+    DiskFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    OutputError: grpc.StatusCode.FAILED_PRECONDITION,
+    EncodeFailed: grpc.StatusCode.INTERNAL,
+    Cancelled: grpc.StatusCode.CANCELLED,
+    ShuttingDown: grpc.StatusCode.UNAVAILABLE,
+}
+
+PIXEL_FORMAT_NAMES = {
+    pb.PIXEL_FORMAT_RGB24: "rgb24",
+    pb.PIXEL_FORMAT_BGR24: "bgr24",
+    pb.PIXEL_FORMAT_RGBA: "rgba",
+    pb.PIXEL_FORMAT_GRAY: "gray",
+    pb.PIXEL_FORMAT_YUV420P: "yuv420p",
+    pb.PIXEL_FORMAT_NV12: "nv12",
+}
+
+_REQUEST_ID_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
+
+
+def status_of(exc: SidecarError) -> grpc.StatusCode:
+    for cls in type(exc).__mro__:
+        if cls in STATUS_OF:
+            return STATUS_OF[cls]  # type: ignore[index]
+    return grpc.StatusCode.INTERNAL
+
+
+H = TypeVar("H", bound=Callable[..., Awaitable[Any]])
+
+
+def _mapped(handler: H) -> H:
+    """Run a unary handler, turning a domain error into its status code."""
+
+    @wraps(handler)
+    async def wrapper(self: VideoSidecarServicer, request: Any, context: Any) -> Any:
+        try:
+            return await handler(self, request, context)
+        except SidecarError as exc:
+            await self._fail(context, exc)
+
+    return wrapper  # type: ignore[return-value]
+
+
+class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
+    def __init__(self, sidecar: Sidecar) -> None:
+        self.sidecar = sidecar
+
+    async def _fail(self, context: grpc.aio.ServicerContext, exc: SidecarError) -> None:
+        code = status_of(exc)
+        self.sidecar.stats.errors[code.name] += 1
+        await context.abort(code, str(exc), trailing_metadata=((ERROR_KEY, type(exc).__name__),))
+
+    # -- unary RPCs ----------------------------------------------------------------------
+
+    @_mapped
+    async def Attach(self, request: pb.AttachRequest, context: Any) -> pb.AttachResponse:
+        return attachment_to_proto(self.sidecar.attach(request.client_name, request.pid))
+
+    @_mapped
+    async def Lease(self, request: pb.LeaseRequest, context: Any) -> pb.LeaseResponse:
+        lease = await self.sidecar.lease(request.client_token, request.size, request.wait_ms / 1e3)
+        return pb.LeaseResponse(
+            lease_id=lease.id,
+            slab_id=lease.slab_id,
+            offset=lease.offset,
+            size=lease.size,
+            ttl_ms=int(self.sidecar.config.lease_ttl * 1e3),
+        )
+
+    @_mapped
+    async def Release(self, request: pb.ReleaseRequest, context: Any) -> pb.ReleaseResponse:
+        self.sidecar.release(request.client_token, request.lease_id)
+        return pb.ReleaseResponse()
+
+    @_mapped
+    async def Status(self, request: pb.StatusRequest, context: Any) -> pb.StatusResponse:
+        return status_to_proto(self.sidecar.status())
+
+    # -- streaming -----------------------------------------------------------------------
+
+    async def Encode(
+        self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.EncodeEvent]:
+        received_at = time.perf_counter()
+        request_id = request.request_id
+        if not _REQUEST_ID_RE.match(request_id):
+            request_id = secrets.token_hex(8)
+        outcome = "ok"
+        try:
+            spec = encode_spec_from_proto(request, request_id)
+            async for event in self.sidecar.encode(spec, received_at):
+                yield event_to_proto(event)
+        except SidecarError as exc:
+            outcome = status_of(exc).name
+            await self._fail(context, exc)
+        finally:
+            log.info(
+                "encode request_id=%s status=%s ms=%.1f",
+                request_id,
+                outcome,
+                (time.perf_counter() - received_at) * 1e3,
+                extra={"request_id": request_id, "status": outcome},
+            )
+
+
+# -- conversions ---------------------------------------------------------------------------
+
+
+def attachment_to_proto(a: Attachment) -> pb.AttachResponse:
+    return pb.AttachResponse(
+        client_token=a.client_token,
+        instance_id=a.instance_id,
+        shm_dir=a.shm_dir,
+        slabs=[pb.Slab(id=s.id, shm_name=s.name, size=s.size) for s in a.slabs],
+        limits=pb.Limits(
+            max_lease_bytes=a.slab_size,
+            alignment=a.alignment,
+            max_frames=a.limits.max_frames,
+            max_width=a.limits.max_width,
+            max_height=a.limits.max_height,
+            max_request_bytes=a.limits.max_request_bytes,
+            lease_ttl_ms=int(a.lease_ttl * 1e3),
+            max_lease_wait_ms=int(a.max_lease_wait * 1e3),
+        ),
+        server_version=__version__,
+    )
+
+
+def encode_spec_from_proto(request: pb.EncodeRequest, request_id: str) -> EncodeSpec:
+    v = request.video
+    if len(v.ranges) > MAX_RANGES:
+        raise InvalidRequest("video.ranges", f"at most {MAX_RANGES} ranges per request")
+    pixel_format = PIXEL_FORMAT_NAMES.get(v.pixel_format, f"enum value {v.pixel_format}")
+    video = VideoRequest(
+        width=v.width,
+        height=v.height,
+        pixel_format=pixel_format,
+        fps=(v.fps.num, v.fps.den),
+        ranges=tuple(
+            FrameRangeSpec(r.lease_id, r.offset, r.frame_count, r.row_stride, r.frame_stride)
+            for r in v.ranges
+        ),
+    )
+    c = request.codec
+    codec = CodecSpec(
+        codec=c.codec,
+        crf=c.crf if c.HasField("crf") else None,
+        preset=c.preset,
+        gop=c.gop if c.HasField("gop") else None,
+        threads=c.threads,
+        extra=tuple(sorted(c.extra.items())),
+    )
+    which = request.output.WhichOneof("target") if request.HasField("output") else None
+    path = request.output.file.path if which == "file" else None
+    return EncodeSpec(
+        client_token=request.client_token,
+        request_id=request_id,
+        video=video,
+        codec=codec,
+        path=path,
+        overwrite=which == "file" and request.output.file.overwrite,
+    )
+
+
+def event_to_proto(event: Progress | Chunk | Result) -> pb.EncodeEvent:
+    if isinstance(event, Progress):
+        return pb.EncodeEvent(
+            progress=pb.Progress(frames_done=event.frames_done, frames_total=event.frames_total)
+        )
+    if isinstance(event, Chunk):
+        return pb.EncodeEvent(chunk=pb.OutputChunk(offset=event.offset, data=event.data))
+    return pb.EncodeEvent(
+        result=pb.EncodeResult(
+            request_id=event.request_id,
+            path=event.path,
+            size_bytes=event.size_bytes,
+            frames=event.frames,
+            duration_s=event.duration_s,
+            codec=event.codec,
+            container=event.container,
+            width=event.width,
+            height=event.height,
+            timings=pb.StageTimings(**event.timings_ms),
+        )
+    )
+
+
+def status_to_proto(s: StatusReport) -> pb.StatusResponse:
+    return pb.StatusResponse(
+        server_version=s.version,
+        instance_id=s.instance_id,
+        uptime_s=s.uptime_s,
+        pool=pb.PoolStatus(
+            slabs=s.pool.slabs,
+            slab_size=s.pool.slab_size,
+            total_bytes=s.pool.total_bytes,
+            leased_bytes=s.pool.leased_bytes,
+            active_leases=s.pool.active_leases,
+            largest_free=s.pool.largest_free,
+        ),
+        active_encodes=s.active_encodes,
+        queued_encodes=s.queued_encodes,
+        max_concurrent_encodes=s.max_concurrent_encodes,
+        clients=s.clients,
+        counters=pb.Counters(
+            requests=s.stats.requests,
+            encodes_ok=s.stats.encodes_ok,
+            encodes_failed=s.stats.encodes_failed,
+            frames_encoded=s.stats.frames_encoded,
+            bytes_out=s.stats.bytes_out,
+            leases_granted=s.leases_granted,
+            leases_expired=s.leases_expired,
+            errors=dict(s.stats.errors),
+        ),
+    )
