@@ -28,10 +28,18 @@ BT709 = 1
 LIMITED_RANGE = 1
 
 
+X26X_PRESETS = (
+    "ultrafast", "superfast", "veryfast", "faster", "fast",
+    "medium", "slow", "slower", "veryslow", "placebo",
+)  # fmt: skip
+SVT_AV1_PRESETS = tuple(str(n) for n in range(-1, 14))
+
+
 @dataclass(frozen=True)
 class CodecChoice:
     name: str
     encoder: str
+    presets: tuple[str, ...]
     default_preset: str
     default_crf: int
     max_crf: int
@@ -39,9 +47,11 @@ class CodecChoice:
 
 
 CODECS: dict[str, CodecChoice] = {
-    "h264": CodecChoice("h264", "libx264", "ultrafast", 18, 51),
-    "h265": CodecChoice("h265", "libx265", "ultrafast", 20, 51, {"x265-params": "log-level=error"}),
-    "av1": CodecChoice("av1", "libsvtav1", "10", 30, 63),
+    "h264": CodecChoice("h264", "libx264", X26X_PRESETS, "ultrafast", 18, 51),
+    "h265": CodecChoice(
+        "h265", "libx265", X26X_PRESETS, "ultrafast", 20, 51, {"x265-params": "log-level=error"}
+    ),
+    "av1": CodecChoice("av1", "libsvtav1", SVT_AV1_PRESETS, "10", 30, 63),
 }
 ALIASES = {
     "": "h264",
@@ -55,7 +65,6 @@ ALIASES = {
     "svtav1": "av1",
 }
 
-_PRESET_RE = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 _OPTION_KEY_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 
@@ -83,8 +92,12 @@ class CodecSpec:
                 "codec.crf", f"{crf} is outside 0..{choice.max_crf} for {choice.name}"
             )
         preset = self.preset or choice.default_preset
-        if not _PRESET_RE.match(preset):
-            raise InvalidRequest("codec.preset", f"{preset[:40]!r} is not a preset name")
+        if preset not in choice.presets:
+            raise InvalidRequest(
+                "codec.preset",
+                f"{preset[:40]!r} is not a {choice.encoder} preset; use one of "
+                + ", ".join(choice.presets),
+            )
         if self.gop is not None and not 1 <= self.gop <= 100_000:
             raise InvalidRequest("codec.gop", f"{self.gop} is outside 1..100000")
         if not 0 <= self.threads <= 256:

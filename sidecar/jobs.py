@@ -92,6 +92,7 @@ class EncodeJob:
         self.cancel = threading.Event()
         self.threads = plan.threads  # 0 until the service picks a count
         self.queue_s = 0.0
+        self.started = False
 
     def run(self) -> EncodeOutcome:
         plan = self.plan
@@ -99,6 +100,7 @@ class EncodeJob:
         uses = Counter(r.lease.id for r in plan.ranges)
         memfd: int | None = None
         encoder: VideoEncoder | None = None
+        self.started = True
         try:
             if plan.target is None:
                 memfd = os.memfd_create(f"video-sidecar-{plan.request_id[:16]}", os.MFD_CLOEXEC)
@@ -124,12 +126,16 @@ class EncodeJob:
                 plan.target.discard()
             if memfd is not None:
                 os.close(memfd)
+            if encoder is None or encoder.frames == 0:
+                # Refused before reading a frame (e.g. the codec rejected an option):
+                # the client keeps its leases and may fix the request and retry.
+                self._leases.untake(owned)
             error = self._classify(exc)
             if error is exc:
                 raise
             raise error from exc
         finally:
-            self._leases.free(owned)
+            self._leases.free([lease for lease in owned if lease.encoding])
         t = encoder.timings
         outcome = EncodeOutcome(
             frames=encoder.frames,

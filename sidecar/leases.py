@@ -121,6 +121,14 @@ class LeaseTable:
                 lease.encoding = True
         return leases
 
+    def untake(self, leases: Sequence[Lease]) -> None:
+        """Give leases back to their client after an encode failed before reading them."""
+        with self._lock:
+            for lease in leases:
+                if self._leases.get(lease.id) is lease:
+                    lease.encoding = False
+                    lease.expires_at = self._clock() + self.ttl
+
     def free(self, leases: Sequence[Lease]) -> None:
         """Return leases to the pool once their frames are consumed. Idempotent."""
         freed = False

@@ -35,6 +35,8 @@ def confine(root: Path, relative: str) -> PurePosixPath:
     if "\x00" in relative:
         raise InvalidRequest(FIELD, "must not contain NUL")
     path = PurePosixPath(relative)
+    if relative.endswith("/"):
+        raise InvalidRequest(FIELD, f"{relative[:80]!r} names a directory, not a file")
     if path.is_absolute():
         raise InvalidRequest(
             FIELD, f"{relative[:80]!r} is absolute; give a path under the output root"

@@ -408,8 +408,8 @@ class Sidecar:
             if queued:
                 self._queued -= 1
             self._jobs.discard(job)
-            # A job that never ran still owns its leases; for one that ran this is a no-op.
-            self.leases.free([r.lease for r in job.plan.ranges])
+            if not job.started:  # a job that never ran still owns its leases
+                self.leases.free([r.lease for r in job.plan.ranges])
 
     def _auto_threads(self) -> int:
         if self.config.encoder_threads:

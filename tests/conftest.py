@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import itertools
+import os
+import secrets
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from .helpers import SHM_DIR, Daemon
+
+# Every daemon a test session starts uses this prefix, so leaks are easy to find.
+SESSION_PREFIX = f"vst{os.getpid()}{secrets.token_hex(2)}"
+_counter = itertools.count()
+
+
+def _leaked() -> list[str]:
+    return sorted(p.name for p in SHM_DIR.glob(f"{SESSION_PREFIX}*"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leaked_segments() -> Iterator[None]:
+    """After the whole session, no segment (or lock) with the test prefix may remain."""
+    yield
+    leaked = _leaked()
+    for name in leaked:
+        (SHM_DIR / name).unlink(missing_ok=True)
+    assert not leaked, f"shared-memory segments leaked: {leaked}"
+
+
+def new_prefix() -> str:
+    return f"{SESSION_PREFIX}-{next(_counter)}"
+
+
+@pytest.fixture
+def make_daemon() -> Iterator[Callable[..., Daemon]]:
+    """Start daemons with their own prefix; each is stopped (and checked) afterwards."""
+    started: list[Daemon] = []
+
+    def make(start: bool = True, **options: Any) -> Daemon:
+        daemon = Daemon(new_prefix(), **options)
+        started.append(daemon)
+        return daemon.start() if start else daemon
+
+    yield make
+    for daemon in started:
+        try:
+            if daemon.process is not None and daemon.process.poll() is None:
+                assert daemon.stop() == 0, daemon.log()
+            assert daemon.segments() == [], "daemon left segments behind"
+        finally:
+            daemon.cleanup()
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[Daemon]:
+    """One daemon shared by a module's tests (they must leave it as they found it)."""
+    d = Daemon(new_prefix()).start()
+    yield d
+    try:
+        assert d.stop() == 0, d.log()
+        assert d.segments() == []
+    finally:
+        d.cleanup()
+
+
+@pytest.fixture
+def client(daemon: Daemon) -> Iterator[Any]:
+    with daemon.client() as c:
+        yield c

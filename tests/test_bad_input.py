@@ -1,0 +1,218 @@
+"""Bad input gets the right status, loses nothing, and the daemon keeps serving."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+import pytest
+
+from client import (
+    AlreadyExists,
+    InvalidArgument,
+    InvalidVideo,
+    Lease,
+    NotFound,
+    OutOfRange,
+    RequestError,
+    ResourceExhausted,
+    SidecarClient,
+)
+from client.patterns import moving_pattern
+from sidecar.api.v1 import sidecar_pb2 as pb
+
+from .helpers import Daemon, decode, psnr
+
+W, H = 64, 48
+FRAME = W * H * 3
+
+
+@pytest.fixture(scope="module")
+def frames() -> np.ndarray:
+    return moving_pattern(4, H, W)
+
+
+@pytest.fixture
+def lease(client: SidecarClient, frames: np.ndarray) -> Iterator[Lease]:
+    """A lease holding 4 good rgb24 frames."""
+    lease = client.lease(frames.nbytes)
+    lease.array[: frames.nbytes] = frames.reshape(-1)
+    yield lease
+    client.release(lease)
+
+
+def encode(client: SidecarClient, ranges: list[pb.FrameRange], **kw: object) -> object:
+    opts: dict[str, object] = {"width": W, "height": H, "pixel_format": "rgb24"}
+    opts.update(kw)
+    return client.encode_leased(ranges, **opts)  # type: ignore[arg-type]
+
+
+def assert_still_serving(client: SidecarClient, lease: Lease, frames: np.ndarray) -> None:
+    """The rejected request lost nothing: the same lease still encodes correctly."""
+    result = client.encode_leased(
+        [pb.FrameRange(lease_id=lease.id, frame_count=4)], width=W, height=H
+    )
+    decoded, _ = decode(result.data or b"")
+    assert psnr(decoded, frames) >= 40
+
+
+BAD_DESCRIPTORS = {
+    "frame count past the lease": ({"frame_count": 5}, {}, "frame_count"),
+    "offset past the lease": ({"frame_count": 4, "offset": 4096}, {}, "frame_count"),
+    "negative offset": ({"frame_count": 1, "offset": -1}, {}, "offset"),
+    "negative frame count": ({"frame_count": -3}, {}, "frame_count"),
+    "zero frames": ({"frame_count": 0}, {}, "frame_count"),
+    "row stride too small": ({"frame_count": 1, "row_stride": W * 3 - 1}, {}, "row_stride"),
+    "frame stride overlaps": ({"frame_count": 2, "frame_stride": FRAME - 1}, {}, "frame_stride"),
+    "huge stride": ({"frame_count": 2, "frame_stride": 2**62}, {}, "frame_stride"),
+    "shape wider than the data": ({"frame_count": 4}, {"width": W * 2}, "frame_count"),
+    "odd width for yuv420p": (
+        {"frame_count": 1},
+        {"width": W - 1, "pixel_format": "yuv420p"},
+        "width",
+    ),
+    "odd height": ({"frame_count": 1}, {"height": H - 1}, "height"),
+    "zero width": ({"frame_count": 1}, {"width": 0}, "width"),
+    "bad fps": ({"frame_count": 1}, {"fps": (0, 1)}, "fps"),
+    "unknown codec": ({"frame_count": 1}, {"codec": "mpeg1"}, "codec"),
+    "bad preset": ({"frame_count": 1}, {"preset": "warp-speed"}, "codec"),
+    "crf out of range": ({"frame_count": 1}, {"crf": 99}, "crf"),
+    "escaping path": ({"frame_count": 1}, {"path": "../x.mp4"}, "path"),
+    "absolute path": ({"frame_count": 1}, {"path": "/tmp/x.mp4"}, "path"),
+    "empty-named path": ({"frame_count": 1}, {"path": "dir/"}, "path"),
+}
+
+
+@pytest.mark.parametrize("name", BAD_DESCRIPTORS)
+def test_bad_descriptor(client: SidecarClient, lease: Lease, frames: np.ndarray, name: str) -> None:
+    range_fields, request_fields, field = BAD_DESCRIPTORS[name]
+    with pytest.raises(InvalidArgument, match=field):
+        encode(client, [pb.FrameRange(lease_id=lease.id, **range_fields)], **request_fields)
+    assert_still_serving(client, lease, frames)
+
+
+def test_unknown_pixel_format_enum(client: SidecarClient, lease: Lease, frames: np.ndarray) -> None:
+    request = pb.EncodeRequest(
+        client_token=client.attach().client_token,
+        video=pb.VideoDescriptor(
+            width=W,
+            height=H,
+            pixel_format=99,  # type: ignore[arg-type]
+            fps=pb.Rational(num=24, den=1),
+            ranges=[pb.FrameRange(lease_id=lease.id, frame_count=1)],
+        ),
+    )
+    with pytest.raises(InvalidArgument, match="pixel_format"):
+        client._encode(request, {}, 0.0, None, None)
+    assert_still_serving(client, lease, frames)
+
+
+def test_unknown_lease(client: SidecarClient, lease: Lease, frames: np.ndarray) -> None:
+    with pytest.raises(NotFound):
+        encode(client, [pb.FrameRange(lease_id="0" * 32, frame_count=1)])
+    with pytest.raises(NotFound):
+        encode(client, [pb.FrameRange(lease_id="not-even-hex", frame_count=1)])
+    assert_still_serving(client, lease, frames)
+
+
+def test_one_bad_range_takes_no_lease(
+    client: SidecarClient, lease: Lease, frames: np.ndarray
+) -> None:
+    good = pb.FrameRange(lease_id=lease.id, frame_count=4)
+    with pytest.raises(NotFound):
+        encode(client, [good, pb.FrameRange(lease_id="f" * 32, frame_count=1)])
+    assert_still_serving(client, lease, frames)
+
+
+def test_consumed_lease_is_gone(client: SidecarClient, frames: np.ndarray) -> None:
+    lease = client.lease(frames.nbytes)
+    lease.array[: frames.nbytes] = frames.reshape(-1)
+    encode(client, [pb.FrameRange(lease_id=lease.id, frame_count=4)])
+    with pytest.raises(NotFound):
+        encode(client, [pb.FrameRange(lease_id=lease.id, frame_count=4)])
+    client.release(lease)  # already freed: not an error
+
+
+def test_lease_of_another_client_is_invisible(
+    daemon: Daemon, client: SidecarClient, lease: Lease, frames: np.ndarray
+) -> None:
+    with daemon.client() as other:
+        with pytest.raises(NotFound):
+            other.encode_leased(
+                [pb.FrameRange(lease_id=lease.id, frame_count=4)], width=W, height=H
+            )
+        with pytest.raises(grpc.RpcError) as info:
+            other._stub.Release(
+                pb.ReleaseRequest(client_token=other.attach().client_token, lease_id=lease.id)
+            )
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert_still_serving(client, lease, frames)
+
+
+def test_unknown_token_is_reattached(client: SidecarClient, frames: np.ndarray) -> None:
+    """A stale token (as after a daemon restart) is replaced transparently."""
+    client.attach()
+    stale = client._attachment
+    assert stale is not None
+    client._attachment = type(stale)(**{**stale.__dict__, "client_token": "f" * 32})
+    result = client.encode(frames)
+    assert result.frames == 4
+    assert client.attach().client_token != "f" * 32
+
+
+def test_existing_output_is_kept(client: SidecarClient, daemon: Daemon, frames: np.ndarray) -> None:
+    first = client.encode(frames, path="keep/me.mp4")
+    with pytest.raises(AlreadyExists):
+        client.encode(frames[:2], path="keep/me.mp4")
+    assert os.path.getsize(first.path or "") == first.size_bytes
+    replaced = client.encode(frames[:2], path="keep/me.mp4", overwrite=True)
+    assert replaced.frames == 2
+
+
+def test_symlink_escape(
+    client: SidecarClient, daemon: Daemon, frames: np.ndarray, tmp_path
+) -> None:
+    daemon.output_dir.joinpath("link").symlink_to(tmp_path, target_is_directory=True)
+    with pytest.raises(InvalidArgument, match="link"):
+        client.encode(frames, path="link/x.mp4")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_lease_larger_than_a_slab(client: SidecarClient) -> None:
+    with pytest.raises(OutOfRange):
+        client.lease(16 * 1024 * 1024 + 1)
+
+
+def test_pool_exhausted_after_bounded_wait(client: SidecarClient) -> None:
+    held = [client.lease(16 * 1024 * 1024) for _ in range(4)]
+    try:
+        with pytest.raises(ResourceExhausted, match="no room"):
+            client.lease(4096, wait=0.3)
+    finally:
+        for lease in held:
+            client.release(lease)
+    client.release(client.lease(4096, wait=0))
+
+
+def test_client_side_checks(client: SidecarClient) -> None:
+    with pytest.raises(InvalidVideo, match="dtype"):
+        client.encode(np.zeros((2, H, W, 3), np.float64))
+    with pytest.raises(InvalidVideo, match="shape"):
+        client.encode(np.zeros((2, H, W), np.uint8))
+    with pytest.raises(InvalidVideo, match="pixel_format"):
+        client.encode(np.zeros((2, H, W, 3), np.uint8), pixel_format="yuv444p")
+    with pytest.raises(InvalidVideo):
+        client.encode([[1, 2, 3]])
+
+
+def test_errors_are_counted(client: SidecarClient) -> None:
+    errors = client.status().counters["errors"]
+    assert errors.get("INVALID_ARGUMENT", 0) >= len(BAD_DESCRIPTORS)
+    assert errors.get("NOT_FOUND", 0) >= 2
+
+
+def test_request_errors_share_a_base() -> None:
+    for cls in (InvalidArgument, NotFound, OutOfRange, ResourceExhausted, AlreadyExists):
+        assert issubclass(cls, RequestError)

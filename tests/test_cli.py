@@ -1,0 +1,122 @@
+"""The command line: demo, status, serve failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import new_prefix
+from .helpers import SHM_DIR, Daemon, daemon_command
+
+
+def run(
+    args: list[str], env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*daemon_command(), *args], capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, **(env or {})}, check=False,
+    )  # fmt: skip
+
+
+def test_demo_starts_a_daemon_and_writes_a_valid_mp4(tmp_path: Path) -> None:
+    prefix = new_prefix()
+    env = {
+        "VIDEO_SIDECAR_SHM_PREFIX": prefix,
+        "VIDEO_SIDECAR_OUTPUT_DIR": str(tmp_path / "out"),
+        "VIDEO_SIDECAR_SOCKET": str(tmp_path / "s.sock"),
+    }
+    result = run(["demo", "--frames", "30", "--width", "320", "--height", "192"], env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    match = re.search(r"^wrote (\S+\.mp4)$", result.stdout, re.M)
+    assert match, result.stdout
+    path = Path(match.group(1))
+    assert path.is_file() and path.is_relative_to(tmp_path / "out")
+    for stage in ("lease", "copy into slabs", "encode", "daemon total"):
+        assert stage in result.stdout
+    assert not list(SHM_DIR.glob(f"{prefix}*")), "the demo's daemon left segments"
+    assert not (tmp_path / "s.sock").exists()
+
+    if shutil.which("ffprobe"):
+        probe = subprocess.run(
+            ["ffprobe", "-v", "error", "-count_frames", "-select_streams", "v:0", "-show_entries",
+             "stream=codec_name,width,height,nb_read_frames", "-of", "json", str(path)],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        stream = json.loads(probe.stdout)["streams"][0]
+        assert stream["codec_name"] == "h264"
+        assert (stream["width"], stream["height"]) == (320, 192)
+        assert int(stream["nb_read_frames"]) == 30
+
+
+def test_demo_uses_a_running_daemon(daemon: Daemon) -> None:
+    result = run(
+        ["demo", "--socket", daemon.socket, "--frames", "4", "--width", "64", "--height", "64"]
+    )
+    assert result.returncode == 0, result.stderr
+    assert "starting a daemon" not in result.stdout
+    assert str(daemon.output_dir.resolve()) in result.stdout
+
+
+def test_status_json(daemon: Daemon) -> None:
+    result = run(["status", "--json", "--socket", daemon.socket])
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["pool"]["total_bytes"] == 4 * 16 * 1024 * 1024
+    assert report["pool"]["leased_bytes"] == 0
+    human = run(["status", "--socket", daemon.socket])
+    assert human.returncode == 0 and "pool" in human.stdout
+
+
+def test_status_without_daemon(tmp_path: Path) -> None:
+    result = run(["status", "--socket", str(tmp_path / "none.sock")], timeout=60)
+    assert result.returncode == 1
+    assert "Unavailable" in result.stderr
+
+
+def test_too_small_shm_is_a_clear_startup_error() -> None:
+    daemon = Daemon(new_prefix(), slabs=4096, slab_size="1GiB")
+    try:
+        with pytest.raises(RuntimeError, match="exited 1"):
+            daemon.start()
+        log = daemon.log()
+        assert "slab pool needs" in log and "--shm-size" in log
+        assert daemon.segments() == []
+    finally:
+        daemon.cleanup()
+
+
+def test_bad_flag_value() -> None:
+    result = run(["serve", "--slabs", "0"])
+    assert result.returncode == 2 and "slabs must be at least 1" in result.stderr
+
+
+def test_sigterm_leaves_nothing(make_daemon) -> None:
+    d = make_daemon()
+    assert len(d.segments()) == 5
+    assert d.stop() == 0
+    assert d.segments() == [] and not os.path.exists(d.socket)
+
+
+def test_sigkill_then_restart_sweeps_stale_segments(make_daemon) -> None:
+    d = make_daemon()
+    stale = d.segments()
+    d.kill()
+    assert d.segments() == stale  # SIGKILL leaves them behind
+    d.start()
+    fresh = d.segments()
+    assert not set(stale) & (set(fresh) - {f"{d.prefix}.lock"})
+    assert "removed 4 stale segments" in d.log()
+
+
+def test_python_m_sidecar_works() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "sidecar", "--version"], capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0 and "video-sidecar" in out.stdout

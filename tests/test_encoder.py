@@ -1,0 +1,85 @@
+"""The encoder on its own: write, reopen, compare."""
+
+from __future__ import annotations
+
+import os
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+
+from client.patterns import moving_pattern
+from sidecar.encoder import CodecSpec, VideoEncoder
+from sidecar.errors import InvalidRequest
+from sidecar.frames import Limits, check_geometry
+
+from .helpers import decode, psnr
+
+LIMITS = Limits(1000, 4096, 4096, 1 << 34)
+
+
+def encode(tmp_path: Path, frames: np.ndarray, fmt: str = "rgb24", **codec: object) -> Path:
+    h, w = frames.shape[1:3] if fmt != "yuv420p" else (frames.shape[1] * 2 // 3, frames.shape[2])
+    geometry = check_geometry(w, h, fmt, Fraction(24), LIMITS)
+    out = tmp_path / "out.mp4"
+    encoder = VideoEncoder(str(out), geometry, CodecSpec(**codec).resolve(), threads=2)  # type: ignore[arg-type]
+    for frame in frames:
+        encoder.encode(frame)
+    encoder.close()
+    assert encoder.frames == len(frames)
+    return out
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    video = moving_pattern(30, 96, 160)
+    decoded, facts = decode(encode(tmp_path, video))
+    assert decoded.shape == video.shape
+    assert psnr(decoded, video) >= 40
+    assert facts["rate"] == 24 and facts["format"].startswith("mov")
+
+
+def test_padded_rows_are_borrowed(tmp_path: Path) -> None:
+    video = moving_pattern(6, 96, 160)
+    padded = np.zeros((6, 96, 160 * 3 + 64), np.uint8)
+    padded[:, :, : 160 * 3] = video.reshape(6, 96, -1)
+    view = np.lib.stride_tricks.as_strided(padded, (6, 96, 160, 3), (padded.strides[0], 544, 3, 1))
+    decoded, _ = decode(encode(tmp_path, view))
+    assert psnr(decoded, video) >= 40
+
+
+@pytest.mark.parametrize("height", [96, 98])  # 98: not a multiple of 4, copied instead
+def test_yuv420p_input(tmp_path: Path, height: int) -> None:
+    video = moving_pattern(4, height, 160)
+    planes = np.stack(
+        [
+            av.VideoFrame.from_ndarray(f, format="rgb24")
+            .reformat(format="yuv420p", src_colorspace="itu709", dst_colorspace="itu709",
+                      src_color_range="JPEG", dst_color_range="MPEG")
+            .to_ndarray()
+            for f in video
+        ]
+    )  # fmt: skip
+    decoded, _ = decode(encode(tmp_path, planes, "yuv420p"))
+    assert decoded.shape == video.shape
+    assert psnr(decoded, video) >= 40
+
+
+def test_codec_spec_resolution() -> None:
+    assert CodecSpec().resolve().options == {"preset": "ultrafast", "crf": "18"}
+    assert CodecSpec("hevc").resolve().choice.encoder == "libx265"
+    assert CodecSpec("av1", preset="8").resolve().options["preset"] == "8"
+    for bad in (CodecSpec("vp8"), CodecSpec(crf=-1), CodecSpec(gop=0), CodecSpec(threads=999),
+                CodecSpec(extra=(("bad key", "1"),)), CodecSpec(preset="fastest")):  # fmt: skip
+        with pytest.raises(InvalidRequest):
+            bad.resolve()
+
+
+def test_bad_option_value_is_an_invalid_request(tmp_path: Path) -> None:
+    geometry = check_geometry(64, 48, "rgb24", Fraction(24), LIMITS)
+    with pytest.raises(InvalidRequest, match="codec"):
+        VideoEncoder(
+            str(tmp_path / "x.mp4"), geometry, CodecSpec(extra=(("crf", "abc"),)).resolve(), 1
+        )
+    assert not os.path.exists(tmp_path / "x.mp4") or os.path.getsize(tmp_path / "x.mp4") == 0

@@ -1,0 +1,222 @@
+"""End to end: the real daemon in a subprocess, the real client, decoded output."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from client import AsyncSidecarClient, SidecarClient
+from client.patterns import moving_pattern
+
+from .helpers import Daemon, decode, psnr
+
+
+@pytest.fixture(scope="module")
+def video() -> np.ndarray:
+    return moving_pattern(24, 144, 256)
+
+
+def test_bytes_round_trip(client: SidecarClient, video: np.ndarray) -> None:
+    result = client.encode(video, fps=24)
+
+    assert result.path is None and result.data is not None
+    assert result.size_bytes == len(result.data)
+    assert result.frames == 24 and result.duration == pytest.approx(1.0)
+    frames, facts = decode(result.data)
+    assert frames.shape == video.shape
+    assert facts["codec"] == "h264" and facts["pix_fmt"] == "yuv420p"
+    assert facts["rate"] == Fraction(24)
+    assert psnr(frames, video) >= 40
+    # Plain MP4 with the index up front, so it plays while it downloads.
+    assert result.data[4:8] == b"ftyp" and result.data.find(b"moov") < result.data.find(b"mdat")
+
+
+def test_path_round_trip(daemon: Daemon, client: SidecarClient, video: np.ndarray) -> None:
+    result = client.encode(video, fps=24, path="clips/a/first.mp4")
+
+    assert result.data is None
+    path = Path(result.path or "")
+    assert path == daemon.output_dir.resolve() / "clips/a/first.mp4"
+    assert path.stat().st_size == result.size_bytes
+    frames, _ = decode(path)
+    assert frames.shape == video.shape and psnr(frames, video) >= 40
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".")], "temp file left"
+
+
+def test_colour_is_tagged_bt709_limited(client: SidecarClient, video: np.ndarray) -> None:
+    _, facts = decode(client.encode(video[:4]).data or b"")
+    assert (facts["colorspace"], facts["color_primaries"], facts["color_trc"]) == (1, 1, 1)
+    assert facts["color_range"] == 1  # limited ("tv")
+
+
+def test_same_frames_same_bytes(client: SidecarClient, video: np.ndarray) -> None:
+    """The daemon is deterministic: the same frames give the same MP4."""
+    a = client.encode(video[:8], threads=1)
+    b = client.encode(video[:8].copy(), threads=1)
+    assert a.data == b.data
+
+
+@pytest.mark.parametrize("pixel_format", ["bgr24", "rgba", "gray", "yuv420p", "nv12"])
+def test_pixel_formats(client: SidecarClient, video: np.ndarray, pixel_format: str) -> None:
+    rgb = video[:6]
+    if pixel_format == "bgr24":
+        data, expect = rgb[..., ::-1], rgb
+    elif pixel_format == "rgba":
+        data = np.concatenate([rgb, np.full((*rgb.shape[:3], 1), 255, np.uint8)], axis=-1)
+        expect = rgb
+    elif pixel_format == "gray":
+        data = rgb[..., 1].copy()
+        expect = np.repeat(data[..., None], 3, axis=-1)
+    else:
+        import av
+
+        planes = []
+        for frame in rgb:
+            yuv = av.VideoFrame.from_ndarray(frame, format="rgb24").reformat(
+                format=pixel_format,
+                src_colorspace="itu709",
+                dst_colorspace="itu709",
+                src_color_range="JPEG",
+                dst_color_range="MPEG",
+            )
+            planes.append(yuv.to_ndarray())
+        data, expect = np.stack(planes), rgb
+
+    result = client.encode(data, pixel_format=pixel_format)
+    frames, _ = decode(result.data or b"")
+    assert frames.shape == expect.shape
+    assert psnr(frames, expect) >= 35
+
+
+def test_cpu_tensor(client: SidecarClient, video: np.ndarray) -> None:
+    torch = pytest.importorskip("torch")
+    result = client.encode(torch.from_numpy(video[:6]), fps=24)
+    frames, _ = decode(result.data or b"")
+    assert psnr(frames, video[:6]) >= 40
+
+
+def test_non_contiguous_input(client: SidecarClient, video: np.ndarray) -> None:
+    strided = video[::2, :, ::-1]  # every other frame, mirrored: no contiguous memory
+    result = client.encode(strided)
+    frames, _ = decode(result.data or b"")
+    assert psnr(frames, strided) >= 40
+
+
+def test_video_split_across_leases(make_daemon, video: np.ndarray) -> None:
+    """A video larger than one slab travels as several frame ranges, each its own lease."""
+    d = make_daemon(slabs=8, slab_size="1MiB")
+    frames_in = moving_pattern(40, 144, 256)  # 110 KiB a frame: 9 frames a lease, 5 leases
+    with d.client() as c:
+        result = c.encode(frames_in)
+        status = c.status()
+    frames, _ = decode(result.data or b"")
+    assert psnr(frames, frames_in) >= 40
+    assert status.counters["leases_granted"] == 5
+    assert status.pool["leased_bytes"] == 0
+
+
+def test_codecs(client: SidecarClient, video: np.ndarray) -> None:
+    for codec, name in (("h265", "hevc"), ("av1", "libdav1d")):
+        result = client.encode(video[:6], codec=codec)
+        frames, facts = decode(result.data or b"")
+        assert result.codec == codec
+        assert facts["codec"] in {name, "av1", "hevc"}
+        assert psnr(frames, video[:6]) >= 35
+
+
+def test_codec_options(client: SidecarClient, video: np.ndarray) -> None:
+    small = client.encode(video[:12], crf=40, preset="veryfast", gop=4)
+    big = client.encode(video[:12], crf=10)
+    assert small.size_bytes < big.size_bytes
+
+
+def test_progress_callback(client: SidecarClient, video: np.ndarray) -> None:
+    seen: list[tuple[int, int]] = []
+    client.encode(video, on_progress=lambda done, total: seen.append((done, total)))
+    assert seen and seen[-1] == (24, 24)
+
+
+def test_async_client(daemon: Daemon, video: np.ndarray) -> None:
+    async def main() -> list[bytes]:
+        async with AsyncSidecarClient(daemon.socket) as c:
+            results = await asyncio.gather(*(c.encode(video[:8]) for _ in range(3)))
+            assert (await c.health()) == "SERVING"
+            return [r.data or b"" for r in results]
+
+    outputs = asyncio.run(main())
+    for data in outputs:
+        frames, _ = decode(data)
+        assert psnr(frames, video[:8]) >= 40
+
+
+def test_status_and_health_answer_during_long_encode(daemon: Daemon) -> None:
+    long_video = moving_pattern(120, 288, 512)  # 53 MB: fits the 64 MiB pool
+
+    async def main() -> tuple[float, int]:
+        async with AsyncSidecarClient(daemon.socket) as c:
+            encode = asyncio.create_task(c.encode(long_video, preset="medium", threads=1))
+            for _ in range(1000):
+                status = await c.status()
+                if status.active_encodes or encode.done():
+                    break
+                await asyncio.sleep(0.01)
+            assert status.active_encodes == 1, "the encode never started"
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            assert await c.health() == "SERVING"
+            await c.status()
+            latency = loop.time() - t0
+            assert not encode.done()
+            result = await encode
+            return latency, result.frames
+
+    latency, frames = asyncio.run(main())
+    assert frames == 120
+    assert latency < 1.0
+
+
+def test_slabs_are_private(daemon: Daemon) -> None:
+    segments = daemon.segments()
+    assert len(segments) == 4 + 1  # slabs and the instance lock
+    for name in segments:
+        mode = stat.S_IMODE(os.stat(f"/dev/shm/{name}").st_mode)
+        assert mode == 0o600, (name, oct(mode))
+    socket_mode = stat.S_IMODE(os.stat(daemon.socket).st_mode)
+    assert socket_mode == 0o600
+
+
+def test_status_counts(daemon: Daemon, video: np.ndarray) -> None:
+    with daemon.client() as c:
+        before = c.status()
+        c.encode(video[:4])
+        after = c.status()
+    assert after.counters["encodes_ok"] == before.counters["encodes_ok"] + 1
+    assert after.counters["frames_encoded"] == before.counters["frames_encoded"] + 4
+    assert after.pool["total_bytes"] == 4 * 16 * 1024 * 1024
+    assert after.pool["leased_bytes"] == 0 and after.pool["active_leases"] == 0
+
+
+def test_slabs_mapped_once_per_client(client: SidecarClient, video: np.ndarray) -> None:
+    client.encode(video[:2])
+    maps = dict(client._slabs._maps)
+    for _ in range(3):
+        client.encode(video[:2])
+    assert client._slabs._maps == maps
+
+
+def test_daemon_refuses_second_instance_on_same_prefix(daemon: Daemon) -> None:
+    twin = Daemon(daemon.prefix)
+    try:
+        with pytest.raises(RuntimeError, match="already owns shm prefix"):
+            twin.start(timeout=20)
+        assert twin.process is not None and twin.process.returncode == 1
+    finally:
+        twin.cleanup()
+    with daemon.client() as c:
+        assert c.health() == "SERVING"

@@ -1,0 +1,140 @@
+from __future__ import annotations
+
+import pytest
+
+from sidecar.errors import LeaseBusy, LeaseNotFound, OutOfRange
+from sidecar.leases import LeaseTable
+
+MiB = 1024 * 1024
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def table(clock: Clock | None = None, slabs: int = 2, **kw: object) -> LeaseTable:
+    return LeaseTable(slabs, 4 * MiB, ttl=10.0, clock=clock or Clock(), **kw)  # type: ignore[arg-type]
+
+
+def test_grant_fills_slabs_in_order_and_never_spans() -> None:
+    t = table()
+    a = t.grant("c", 3 * MiB)
+    b = t.grant("c", 3 * MiB)
+    assert a is not None and b is not None
+    assert (a.slab_id, b.slab_id) == (0, 1)
+    assert t.grant("c", 2 * MiB) is None  # 2 MiB free in all, but 1 MiB per slab
+    assert t.grant("c", MiB) is not None
+
+
+def test_ids_are_128_bit_random_hex() -> None:
+    t = table()
+    ids = {t.grant("c", 4096).id for _ in range(200)}  # type: ignore[union-attr]
+    assert len(ids) == 200
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+
+
+def test_too_large_or_empty() -> None:
+    t = table()
+    with pytest.raises(OutOfRange):
+        t.grant("c", 4 * MiB + 1)
+    with pytest.raises(OutOfRange):
+        t.grant("c", 0)
+
+
+def test_owner_isolation() -> None:
+    t = table()
+    lease = t.grant("alice", 4096)
+    assert lease is not None
+    with pytest.raises(LeaseNotFound):
+        t.lookup("bob", lease.id)
+    with pytest.raises(LeaseNotFound):
+        t.release("bob", lease.id)
+    with pytest.raises(LeaseNotFound):
+        t.take("bob", [lease.id])
+    t.release("alice", lease.id)
+    with pytest.raises(LeaseNotFound):
+        t.lookup("alice", lease.id)
+
+
+def test_take_is_all_or_nothing() -> None:
+    t = table()
+    a = t.grant("c", 4096)
+    assert a is not None
+    with pytest.raises(LeaseNotFound):
+        t.take("c", [a.id, "missing"])
+    assert not a.encoding
+    taken = t.take("c", [a.id, a.id])
+    assert taken == [a] and a.encoding
+    with pytest.raises(LeaseBusy):
+        t.take("c", [a.id])
+    with pytest.raises(LeaseBusy):
+        t.release("c", a.id)
+
+
+def test_expiry_skips_leases_in_an_encode() -> None:
+    clock = Clock()
+    t = table(clock)
+    held = t.grant("c", MiB)
+    busy = t.grant("c", MiB)
+    assert held is not None and busy is not None
+    t.take("c", [busy.id])
+    clock.now += 9.9
+    assert t.expire() == []
+    clock.now += 0.2
+    assert t.expire() == [held]
+    assert t.expired == 1 and len(t) == 1
+    t.free([busy])
+    assert t.usage().leased_bytes == 0
+
+
+def test_renew_and_untake() -> None:
+    clock = Clock()
+    t = table(clock)
+    lease = t.grant("c", MiB)
+    assert lease is not None
+    clock.now += 8
+    t.renew("c", lease.id)
+    clock.now += 8
+    assert t.expire() == []
+    t.take("c", [lease.id])
+    t.untake([lease])
+    assert not lease.encoding
+    t.release("c", lease.id)
+
+
+def test_free_is_idempotent_and_notifies() -> None:
+    calls = []
+    t = table(on_free=lambda: calls.append(1))
+    lease = t.grant("c", MiB)
+    assert lease is not None
+    t.free([lease])
+    t.free([lease])
+    assert calls == [1]
+    assert t.usage().leased_bytes == 0
+
+
+def test_drop_owner() -> None:
+    t = table()
+    for _ in range(3):
+        t.grant("gone", MiB)
+    keep = t.grant("stays", MiB)
+    assert t.drop_owner("gone") == 3
+    assert keep is not None and t.lookup("stays", keep.id) is keep
+
+
+def test_usage() -> None:
+    t = table(slabs=3)
+    t.grant("c", 4 * MiB)
+    t.grant("c", 1)
+    u = t.usage()
+    assert (u.slabs, u.total_bytes, u.leased_bytes, u.active_leases) == (
+        3,
+        12 * MiB,
+        4 * MiB + 4096,
+        2,
+    )
+    assert u.largest_free == 4 * MiB
