@@ -29,7 +29,7 @@ from ._errors import (
     TransportError,
 )
 from ._sync import SidecarClient
-from ._types import Attachment, EncodeResult, Lease, Status, Timings
+from ._types import Attachment, EncodeResult, FrameRange, Lease, Status, Timings
 
 __all__ = [
     "AlreadyExists",
@@ -39,6 +39,7 @@ __all__ = [
     "DeadlineExceeded",
     "EncodeResult",
     "FailedPrecondition",
+    "FrameRange",
     "InvalidArgument",
     "InvalidVideo",
     "Lease",

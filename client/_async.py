@@ -18,7 +18,7 @@ from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
 from . import _core
 from ._errors import NotFound, SidecarError
 from ._slabs import SlabMap
-from ._types import Attachment, EncodeResult, Lease, Status
+from ._types import Attachment, EncodeResult, FrameRange, Lease, Status
 from ._video import VideoSource, host_video
 
 T = TypeVar("T")
@@ -165,7 +165,7 @@ class AsyncSidecarClient:
                     await _copy(source, lease, start, count)
                     clock["lease_ms"] += (t1 - t0) * 1e3
                     clock["copy_ms"] += (time.perf_counter() - t1) * 1e3
-                    ranges.append(pb.FrameRange(lease_id=lease.id, frame_count=count))
+                    ranges.append(FrameRange(lease, count))
                 request = _core.encode_request(
                     token=att.client_token,
                     request_id=request_id,
@@ -194,7 +194,7 @@ class AsyncSidecarClient:
 
     async def encode_leased(
         self,
-        ranges: list[pb.FrameRange],
+        ranges: list[FrameRange],
         *,
         width: int,
         height: int,

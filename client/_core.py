@@ -26,7 +26,7 @@ from ._errors import (
     error_for,
 )
 from ._slabs import SlabInfo
-from ._types import Attachment, EncodeResult, Status, Timings
+from ._types import Attachment, EncodeResult, FrameRange, Status, Timings
 
 ERROR_KEY = "video-sidecar-error"
 NOT_ATTACHED = "NotAttached"
@@ -126,7 +126,7 @@ def encode_request(
     height: int,
     pixel_format: str,
     fps: Any,
-    ranges: list[pb.FrameRange],
+    ranges: list[FrameRange],
     path: str | None,
     overwrite: bool,
     codec: str,
@@ -159,7 +159,16 @@ def encode_request(
             height=height,
             pixel_format=PIXEL_FORMAT_ENUM.get(pixel_format, pb.PIXEL_FORMAT_UNSPECIFIED),
             fps=fps_rational(fps),
-            ranges=ranges,
+            ranges=[
+                pb.FrameRange(
+                    lease_id=r.lease_id,
+                    offset=r.offset,
+                    frame_count=r.frame_count,
+                    row_stride=r.row_stride,
+                    frame_stride=r.frame_stride,
+                )
+                for r in ranges
+            ],
         ),
         codec=options,
         output=output,

@@ -18,7 +18,7 @@ from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
 from . import _core
 from ._errors import NotFound, SidecarError
 from ._slabs import SlabMap
-from ._types import Attachment, EncodeResult, Lease, Status
+from ._types import Attachment, EncodeResult, FrameRange, Lease, Status
 from ._video import host_video
 
 
@@ -174,7 +174,7 @@ class SidecarClient:
                     source.copy_into(lease.array, start, count)
                     clock["lease_ms"] += (t1 - t0) * 1e3
                     clock["copy_ms"] += (time.perf_counter() - t1) * 1e3
-                    ranges.append(pb.FrameRange(lease_id=lease.id, frame_count=count))
+                    ranges.append(FrameRange(lease, count))
                 request = _core.encode_request(
                     token=att.client_token,
                     request_id=request_id,
@@ -205,7 +205,7 @@ class SidecarClient:
 
     def encode_leased(
         self,
-        ranges: list[pb.FrameRange],
+        ranges: list[FrameRange],
         *,
         width: int,
         height: int,

@@ -44,6 +44,24 @@ class Lease:
 
 
 @dataclass(frozen=True)
+class FrameRange:
+    """Frames you wrote into a lease yourself, for `encode_leased`.
+
+    Strides are in bytes; 0 means tightly packed. `offset` is from the start of the lease.
+    """
+
+    lease: Lease | str
+    frame_count: int
+    offset: int = 0
+    row_stride: int = 0
+    frame_stride: int = 0
+
+    @property
+    def lease_id(self) -> str:
+        return self.lease if isinstance(self.lease, str) else self.lease.id
+
+
+@dataclass(frozen=True)
 class Timings:
     """Milliseconds per stage. Client stages first, then the daemon's."""
 

@@ -12,8 +12,8 @@ from client import _errors
 def test_public_api_is_pinned() -> None:
     assert sorted(client.__all__) == [
         "AlreadyExists", "AsyncSidecarClient", "Attachment", "Cancelled", "DeadlineExceeded",
-        "EncodeResult", "FailedPrecondition", "InvalidArgument", "InvalidVideo", "Lease",
-        "NotFound", "OutOfRange", "RequestError", "ResourceExhausted", "ServerError",
+        "EncodeResult", "FailedPrecondition", "FrameRange", "InvalidArgument", "InvalidVideo",
+        "Lease", "NotFound", "OutOfRange", "RequestError", "ResourceExhausted", "ServerError",
         "SidecarClient", "SidecarError", "SidecarUnavailable", "Status", "Timings",
         "TransportError",
     ]  # fmt: skip

@@ -11,6 +11,7 @@ import pytest
 
 from client import (
     AlreadyExists,
+    FrameRange,
     InvalidArgument,
     InvalidVideo,
     Lease,
@@ -43,7 +44,7 @@ def lease(client: SidecarClient, frames: np.ndarray) -> Iterator[Lease]:
     client.release(lease)
 
 
-def encode(client: SidecarClient, ranges: list[pb.FrameRange], **kw: object) -> object:
+def encode(client: SidecarClient, ranges: list[FrameRange], **kw: object) -> object:
     opts: dict[str, object] = {"width": W, "height": H, "pixel_format": "rgb24"}
     opts.update(kw)
     return client.encode_leased(ranges, **opts)  # type: ignore[arg-type]
@@ -51,9 +52,7 @@ def encode(client: SidecarClient, ranges: list[pb.FrameRange], **kw: object) -> 
 
 def assert_still_serving(client: SidecarClient, lease: Lease, frames: np.ndarray) -> None:
     """The rejected request lost nothing: the same lease still encodes correctly."""
-    result = client.encode_leased(
-        [pb.FrameRange(lease_id=lease.id, frame_count=4)], width=W, height=H
-    )
+    result = client.encode_leased([FrameRange(lease.id, frame_count=4)], width=W, height=H)
     decoded, _ = decode(result.data or b"")
     assert psnr(decoded, frames) >= 40
 
@@ -89,7 +88,7 @@ BAD_DESCRIPTORS = {
 def test_bad_descriptor(client: SidecarClient, lease: Lease, frames: np.ndarray, name: str) -> None:
     range_fields, request_fields, field = BAD_DESCRIPTORS[name]
     with pytest.raises(InvalidArgument, match=field):
-        encode(client, [pb.FrameRange(lease_id=lease.id, **range_fields)], **request_fields)
+        encode(client, [FrameRange(lease, **range_fields)], **request_fields)
     assert_still_serving(client, lease, frames)
 
 
@@ -111,27 +110,27 @@ def test_unknown_pixel_format_enum(client: SidecarClient, lease: Lease, frames: 
 
 def test_unknown_lease(client: SidecarClient, lease: Lease, frames: np.ndarray) -> None:
     with pytest.raises(NotFound):
-        encode(client, [pb.FrameRange(lease_id="0" * 32, frame_count=1)])
+        encode(client, [FrameRange("0" * 32, frame_count=1)])
     with pytest.raises(NotFound):
-        encode(client, [pb.FrameRange(lease_id="not-even-hex", frame_count=1)])
+        encode(client, [FrameRange("not-even-hex", frame_count=1)])
     assert_still_serving(client, lease, frames)
 
 
 def test_one_bad_range_takes_no_lease(
     client: SidecarClient, lease: Lease, frames: np.ndarray
 ) -> None:
-    good = pb.FrameRange(lease_id=lease.id, frame_count=4)
+    good = FrameRange(lease.id, frame_count=4)
     with pytest.raises(NotFound):
-        encode(client, [good, pb.FrameRange(lease_id="f" * 32, frame_count=1)])
+        encode(client, [good, FrameRange("f" * 32, frame_count=1)])
     assert_still_serving(client, lease, frames)
 
 
 def test_consumed_lease_is_gone(client: SidecarClient, frames: np.ndarray) -> None:
     lease = client.lease(frames.nbytes)
     lease.array[: frames.nbytes] = frames.reshape(-1)
-    encode(client, [pb.FrameRange(lease_id=lease.id, frame_count=4)])
+    encode(client, [FrameRange(lease.id, frame_count=4)])
     with pytest.raises(NotFound):
-        encode(client, [pb.FrameRange(lease_id=lease.id, frame_count=4)])
+        encode(client, [FrameRange(lease.id, frame_count=4)])
     client.release(lease)  # already freed: not an error
 
 
@@ -140,9 +139,7 @@ def test_lease_of_another_client_is_invisible(
 ) -> None:
     with daemon.client() as other:
         with pytest.raises(NotFound):
-            other.encode_leased(
-                [pb.FrameRange(lease_id=lease.id, frame_count=4)], width=W, height=H
-            )
+            other.encode_leased([FrameRange(lease.id, frame_count=4)], width=W, height=H)
         with pytest.raises(grpc.RpcError) as info:
             other._stub.Release(
                 pb.ReleaseRequest(client_token=other.attach().client_token, lease_id=lease.id)
