@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import os
+import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager, suppress
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -16,18 +15,18 @@ from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
 
 from . import _core
+from ._base import BaseClient, EncodeOptions
 from ._errors import NotFound, SidecarError
-from ._slabs import SlabMap
 from ._types import Attachment, EncodeResult, FrameRange, Lease, Status
-from ._video import VideoSource, host_video
+from ._video import VideoSource
 
 T = TypeVar("T")
 
-# Copies larger than this run on a worker thread so the event loop keeps turning.
+# Host copies larger than this run on a worker thread so the event loop keeps turning.
 THREAD_COPY_BYTES = 4 * 1024 * 1024
 
 
-@asynccontextmanager
+@contextlib.asynccontextmanager
 async def _translated() -> AsyncIterator[None]:
     try:
         yield
@@ -35,7 +34,7 @@ async def _translated() -> AsyncIterator[None]:
         raise _core.error_from_rpc(err) from None
 
 
-class AsyncSidecarClient:
+class AsyncSidecarClient(BaseClient):
     """Async twin of `SidecarClient`; see it for the arguments.
 
     ```python
@@ -52,14 +51,9 @@ class AsyncSidecarClient:
         timeout: float | None = None,
         lease_wait: float = 30.0,
     ) -> None:
-        self.target = _core.resolve_target(target)
-        self.client_name = client_name or f"pid-{os.getpid()}"
-        self.timeout = timeout
-        self.lease_wait = lease_wait
+        super().__init__(target, client_name=client_name, timeout=timeout, lease_wait=lease_wait)
         self._channel = grpc.aio.insecure_channel(self.target, options=_core.CHANNEL_OPTIONS)
         self._stub = pb_grpc.VideoSidecarStub(self._channel)
-        self._slabs = SlabMap()
-        self._attachment: Attachment | None = None
         self._attach_lock = asyncio.Lock()
 
     async def __aenter__(self) -> AsyncSidecarClient:
@@ -79,12 +73,9 @@ class AsyncSidecarClient:
             if self._attachment is None or refresh:
                 async with _translated():
                     resp = await self._stub.Attach(
-                        pb.AttachRequest(client_name=self.client_name, pid=os.getpid()),
-                        timeout=self.timeout or 10.0,
+                        self._attach_request(), timeout=self.timeout or 10.0
                     )
-                attachment = _core.attachment_from_proto(resp)
-                self._slabs.map(attachment.instance_id, attachment.shm_dir, list(attachment.slabs))
-                self._attachment = attachment
+                return self._attached(resp)
             return self._attachment
 
     async def _with_reattach(self, call: Callable[[], Awaitable[T]]) -> T:
@@ -101,30 +92,23 @@ class AsyncSidecarClient:
     async def lease(self, nbytes: int, *, wait: float | None = None) -> Lease:
         async def call() -> Lease:
             att = await self.attach()
-            wait_s = self.lease_wait if wait is None else wait
             async with _translated():
                 resp = await self._stub.Lease(
-                    pb.LeaseRequest(
-                        client_token=att.client_token, size=nbytes, wait_ms=int(wait_s * 1e3)
-                    ),
-                    timeout=wait_s + (self.timeout or 10.0),
+                    self._lease_request(att, nbytes, wait), timeout=self._lease_timeout(wait)
                 )
-            region = self._slabs.region(resp.slab_id, resp.offset, resp.size)
-            return Lease(resp.lease_id, resp.slab_id, resp.offset, resp.size, region)
+            return self._leased(resp)
 
         return await self._with_reattach(call)
 
     async def release(self, lease: Lease | str) -> None:
         lease_id = lease if isinstance(lease, str) else lease.id
         att = await self.attach()
-        try:
+        with contextlib.suppress(NotFound):
             async with _translated():
                 await self._stub.Release(
                     pb.ReleaseRequest(client_token=att.client_token, lease_id=lease_id),
                     timeout=self.timeout or 10.0,
                 )
-        except NotFound:
-            pass
 
     # -- encoding ------------------------------------------------------------------------
 
@@ -135,62 +119,57 @@ class AsyncSidecarClient:
         *,
         path: str | None = None,
         overwrite: bool = False,
-        pixel_format: str = "rgb24",
-        codec: str = "h264",
-        crf: int | None = None,
-        preset: str | None = None,
-        gop: int | None = None,
-        threads: int = 0,
-        extra: Mapping[str, Any] | None = None,
-        request_id: str | None = None,
+        pixel_format: str | None = None,
+        layout: str | None = None,
+        value_range: tuple[float, float] = (0, 1),
         on_progress: Callable[[int, int], None] | None = None,
         timeout: float | None = None,
+        **codec_options: Any,
     ) -> EncodeResult:
         started = time.perf_counter()
-        source = host_video(video, pixel_format)
-        request_id = request_id or _core.new_request_id()
+        options = EncodeOptions(fps=fps, path=path, overwrite=overwrite, **codec_options)
+        source = self._prepare(video, pixel_format, layout, value_range)
+        return await self._with_reattach(
+            lambda: self._encode_source(source, options, started, on_progress, timeout)
+        )
 
-        async def attempt() -> EncodeResult:
-            att = await self.attach()
-            plan = _core.plan_ranges(source.frames, source.frame_bytes, att)
-            leases: list[Lease] = []
-            clock = {"lease_ms": 0.0, "copy_ms": 0.0}
-            try:
-                ranges = []
-                for start, count in plan:
-                    t0 = time.perf_counter()
-                    lease = await self.lease(count * source.frame_bytes)
-                    leases.append(lease)
-                    t1 = time.perf_counter()
-                    await _copy(source, lease, start, count)
-                    clock["lease_ms"] += (t1 - t0) * 1e3
-                    clock["copy_ms"] += (time.perf_counter() - t1) * 1e3
-                    ranges.append(FrameRange(lease, count))
-                request = _core.encode_request(
-                    token=att.client_token,
-                    request_id=request_id,
-                    width=source.width,
-                    height=source.height,
-                    pixel_format=source.pixel_format,
-                    fps=fps,
-                    ranges=ranges,
-                    path=path,
-                    overwrite=overwrite,
-                    codec=codec,
-                    crf=crf,
-                    preset=preset,
-                    gop=gop,
-                    threads=threads,
-                    extra=extra,
-                )
-                result = await self._encode(request, clock, started, on_progress, timeout)
-            except BaseException:
-                for lease in leases:
-                    await self._release_quietly(lease.id)
-                raise
-            return result
-
-        return await self._with_reattach(attempt)
+    async def _encode_source(
+        self,
+        source: VideoSource,
+        options: EncodeOptions,
+        started: float,
+        on_progress: Callable[[int, int], None] | None,
+        timeout: float | None,
+    ) -> EncodeResult:
+        att = await self.attach()
+        leases: list[Lease] = []
+        clock = {"lease_ms": 0.0, "copy_ms": 0.0}
+        try:
+            ranges = []
+            for first, count in _core.plan_ranges(source.frames, source.frame_bytes, att):
+                t0 = time.perf_counter()
+                lease = await self.lease(count * source.frame_bytes)
+                leases.append(lease)
+                t1 = time.perf_counter()
+                if count * source.frame_bytes >= THREAD_COPY_BYTES:
+                    await asyncio.to_thread(source.copy_into, lease.array, first, count)
+                else:
+                    source.copy_into(lease.array, first, count)
+                clock["lease_ms"] += (t1 - t0) * 1e3
+                clock["copy_ms"] += (time.perf_counter() - t1) * 1e3
+                ranges.append(FrameRange(lease, count))
+            t1 = time.perf_counter()
+            await asyncio.to_thread(source.finish)
+            clock["copy_ms"] += (time.perf_counter() - t1) * 1e3
+            request = options.request(
+                att.client_token, source.width, source.height, source.pixel_format, ranges
+            )
+            return await self._encode(request, clock, started, on_progress, timeout)
+        except BaseException:
+            for lease in leases:
+                with contextlib.suppress(SidecarError):
+                    await self.release(lease.id)
+            raise
 
     async def encode_leased(
         self,
@@ -199,37 +178,14 @@ class AsyncSidecarClient:
         width: int,
         height: int,
         pixel_format: str = "rgb24",
-        fps: float | tuple[int, int] = 24,
-        path: str | None = None,
-        overwrite: bool = False,
-        codec: str = "h264",
-        crf: int | None = None,
-        preset: str | None = None,
-        gop: int | None = None,
-        threads: int = 0,
-        extra: Mapping[str, Any] | None = None,
-        request_id: str | None = None,
         on_progress: Callable[[int, int], None] | None = None,
         timeout: float | None = None,
+        **options: Any,
     ) -> EncodeResult:
         started = time.perf_counter()
         att = await self.attach()
-        request = _core.encode_request(
-            token=att.client_token,
-            request_id=request_id or _core.new_request_id(),
-            width=width,
-            height=height,
-            pixel_format=pixel_format,
-            fps=fps,
-            ranges=ranges,
-            path=path,
-            overwrite=overwrite,
-            codec=codec,
-            crf=crf,
-            preset=preset,
-            gop=gop,
-            threads=threads,
-            extra=extra,
+        request = EncodeOptions(**options).request(
+            att.client_token, width, height, pixel_format, ranges
         )
         return await self._encode(request, {}, started, on_progress, timeout)
 
@@ -248,10 +204,6 @@ class AsyncSidecarClient:
         clock["total_ms"] = (time.perf_counter() - started) * 1e3
         return builder.result(clock)
 
-    async def _release_quietly(self, lease_id: str) -> None:
-        with suppress(SidecarError):
-            await self.release(lease_id)
-
     # -- inspection ----------------------------------------------------------------------
 
     async def status(self) -> Status:
@@ -266,10 +218,3 @@ class AsyncSidecarClient:
                 health_pb2.HealthCheckRequest(service=service), timeout=self.timeout or 5.0
             )
         return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
-
-
-async def _copy(source: VideoSource, lease: Lease, start: int, count: int) -> None:
-    if count * source.frame_bytes >= THREAD_COPY_BYTES:
-        await asyncio.to_thread(source.copy_into, lease.array, start, count)
-    else:
-        source.copy_into(lease.array, start, count)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +32,10 @@ class SlabMap:
         self.instance_id = ""
         self._maps: dict[int, mmap.mmap] = {}
         self._arrays: dict[int, np.ndarray] = {}
+        # Called with a slab's address before it is unmapped; False keeps the mapping
+        # (a CUDA registration that could not be undone must not outlive its memory).
+        self.before_unmap: Callable[[int], bool] | None = None
+        self._kept: list[mmap.mmap] = []
 
     def __contains__(self, slab_id: int) -> bool:
         return slab_id in self._arrays
@@ -66,7 +71,9 @@ class SlabMap:
             size = os.fstat(fd).st_size
             if size != slab.size:
                 raise SidecarUnavailable(f"slab {path} is {size} bytes, expected {slab.size}")
-            mapped = mmap.mmap(fd, slab.size, flags=mmap.MAP_SHARED)
+            # Populate the page tables now, not on the first copy of every request.
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            mapped = mmap.mmap(fd, slab.size, flags=flags)
         finally:
             os.close(fd)
         self._maps[slab.id] = mapped
@@ -79,14 +86,23 @@ class SlabMap:
             raise SidecarUnavailable(f"lease [{offset}, {offset + size}) outside slab {slab_id}")
         return array[offset : offset + size]
 
-    def base_address(self, slab_id: int) -> int:
-        return int(self._arrays[slab_id].ctypes.data)
+    def slab_of(self, address: int) -> tuple[int, int] | None:
+        """(base address, size) of the slab containing `address`."""
+        for array in self._arrays.values():
+            base = int(array.ctypes.data)
+            if base <= address < base + array.size:
+                return base, int(array.size)
+        return None
 
     def close(self) -> None:
         """Unmap everything; a mapping still borrowed by a live view is left to the GC."""
-        self._arrays.clear()
-        for mapped in self._maps.values():
+        for slab_id, array in list(self._arrays.items()):
+            keep = self.before_unmap is not None and not self.before_unmap(int(array.ctypes.data))
+            mapped = self._maps.pop(slab_id)
+            del self._arrays[slab_id], array
+            if keep:
+                self._kept.append(mapped)
+                continue
             with contextlib.suppress(BufferError):
                 mapped.close()
-        self._maps.clear()
         self.instance_id = ""

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -16,13 +14,15 @@ from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
 
 from . import _core
+from ._base import BaseClient, EncodeOptions
 from ._errors import NotFound, SidecarError
-from ._slabs import SlabMap
 from ._types import Attachment, EncodeResult, FrameRange, Lease, Status
-from ._video import host_video
+from ._video import VideoSource
+
+T = TypeVar("T")
 
 
-@contextmanager
+@contextlib.contextmanager
 def _translated() -> Iterator[None]:
     try:
         yield
@@ -30,7 +30,7 @@ def _translated() -> Iterator[None]:
         raise _core.error_from_rpc(err) from None
 
 
-class SidecarClient:
+class SidecarClient(BaseClient):
     """Talks to a video-sidecar daemon and writes frames straight into its slabs.
 
     ```python
@@ -40,7 +40,8 @@ class SidecarClient:
 
     `target` is a socket path, a `unix:` URI or `host:port`; by default the daemon's
     default socket (or $VIDEO_SIDECAR_SOCKET). Slabs are mapped once, on first use, and
-    mapped again only if the daemon restarts. One client may be shared by threads.
+    again only if the daemon restarts. A client may be shared by threads, and survives a
+    fork: the child opens its own channel and attaches anew.
     """
 
     def __init__(
@@ -51,14 +52,17 @@ class SidecarClient:
         timeout: float | None = None,
         lease_wait: float = 30.0,
     ) -> None:
-        self.target = _core.resolve_target(target)
-        self.client_name = client_name or f"pid-{os.getpid()}"
-        self.timeout = timeout
-        self.lease_wait = lease_wait
+        super().__init__(target, client_name=client_name, timeout=timeout, lease_wait=lease_wait)
+        self._open_channel()
+
+    def _open_channel(self) -> None:
         self._channel = grpc.insecure_channel(self.target, options=_core.CHANNEL_OPTIONS)
         self._stub = pb_grpc.VideoSidecarStub(self._channel)
-        self._slabs = SlabMap()
-        self._attachment: Attachment | None = None
+
+    def _stub_here(self) -> Any:
+        if self._forked():
+            self._open_channel()  # the parent's channel is not usable after fork
+        return self._stub
 
     def __enter__(self) -> SidecarClient:
         return self
@@ -74,18 +78,14 @@ class SidecarClient:
 
     def attach(self, *, refresh: bool = False) -> Attachment:
         """Attach (once) and map the daemon's slabs."""
+        stub = self._stub_here()
         if self._attachment is None or refresh:
             with _translated():
-                resp = self._stub.Attach(
-                    pb.AttachRequest(client_name=self.client_name, pid=os.getpid()),
-                    timeout=self.timeout or 10.0,
-                )
-            attachment = _core.attachment_from_proto(resp)
-            self._slabs.map(attachment.instance_id, attachment.shm_dir, list(attachment.slabs))
-            self._attachment = attachment
+                resp = stub.Attach(self._attach_request(), timeout=self.timeout or 10.0)
+            return self._attached(resp)
         return self._attachment
 
-    def _with_reattach(self, call: Callable[[], Any]) -> Any:
+    def _with_reattach(self, call: Callable[[], T]) -> T:
         try:
             return call()
         except SidecarError as err:
@@ -101,32 +101,23 @@ class SidecarClient:
 
         def call() -> Lease:
             att = self.attach()
-            wait_s = self.lease_wait if wait is None else wait
             with _translated():
                 resp = self._stub.Lease(
-                    pb.LeaseRequest(
-                        client_token=att.client_token, size=nbytes, wait_ms=int(wait_s * 1e3)
-                    ),
-                    timeout=wait_s + (self.timeout or 10.0),
+                    self._lease_request(att, nbytes, wait), timeout=self._lease_timeout(wait)
                 )
-            region = self._slabs.region(resp.slab_id, resp.offset, resp.size)
-            return Lease(resp.lease_id, resp.slab_id, resp.offset, resp.size, region)
+            return self._leased(resp)
 
-        result: Lease = self._with_reattach(call)
-        return result
+        return self._with_reattach(call)
 
     def release(self, lease: Lease | str) -> None:
         """Give a lease back. Releasing one the daemon already freed is not an error."""
         lease_id = lease if isinstance(lease, str) else lease.id
         att = self.attach()
-        try:
-            with _translated():
-                self._stub.Release(
-                    pb.ReleaseRequest(client_token=att.client_token, lease_id=lease_id),
-                    timeout=self.timeout or 10.0,
-                )
-        except NotFound:
-            pass
+        with contextlib.suppress(NotFound), _translated():
+            self._stub.Release(
+                pb.ReleaseRequest(client_token=att.client_token, lease_id=lease_id),
+                timeout=self.timeout or 10.0,
+            )
 
     # -- encoding ------------------------------------------------------------------------
 
@@ -137,71 +128,72 @@ class SidecarClient:
         *,
         path: str | None = None,
         overwrite: bool = False,
-        pixel_format: str = "rgb24",
-        codec: str = "h264",
-        crf: int | None = None,
-        preset: str | None = None,
-        gop: int | None = None,
-        threads: int = 0,
-        extra: Mapping[str, Any] | None = None,
-        request_id: str | None = None,
+        pixel_format: str | None = None,
+        layout: str | None = None,
+        value_range: tuple[float, float] = (0, 1),
         on_progress: Callable[[int, int], None] | None = None,
         timeout: float | None = None,
+        **codec_options: Any,
     ) -> EncodeResult:
         """Encode `video` and return the MP4, as bytes or as a file under the output root.
 
-        `video` is a uint8 array or CPU tensor: (T, H, W, 3) for rgb24/bgr24, (T, H, W, 4)
-        for rgba, (T, H, W) for gray, (T, H*3/2, W) for yuv420p/nv12. Its frames are
-        copied once, straight into leased shared memory. `path` is relative to the daemon's
-        output root; without it the bytes come back in `result.data`.
+        `video` is a numpy array or a torch tensor (CPU or CUDA) of uint8, float16,
+        bfloat16 or float32. `layout` is "THWC" (the default for 4-D with channels last),
+        "TCHW", "CTHW" or "BCTHW" (the default for 5-D); floats are read in `value_range`,
+        (0, 1) or (-1, 1). Frames are copied once, straight into leased shared memory; CUDA
+        tensors are converted on the GPU and copied device-to-host into the lease.
+
+        `pixel_format` is what travels: rgb24 for RGB by default (byte-exact), or yuv420p /
+        nv12 to convert RGB to 4:2:0 BT.709 before the copy (half the bytes, no CPU
+        conversion in the daemon). A uint8 numpy array (T, H*3/2, W) with
+        pixel_format="yuv420p" is taken as already converted.
+
+        `path` is relative to the daemon's output root; without it the bytes come back in
+        `result.data`. `codec_options`: codec ("h264", "h265", "av1"), crf, preset, gop,
+        threads, extra (a dict of encoder options), request_id.
         """
         started = time.perf_counter()
-        source = host_video(video, pixel_format)
-        request_id = request_id or _core.new_request_id()
+        options = EncodeOptions(fps=fps, path=path, overwrite=overwrite, **codec_options)
+        source = self._prepare(video, pixel_format, layout, value_range)
+        return self._with_reattach(
+            lambda: self._encode_source(source, options, started, on_progress, timeout)
+        )
 
-        def attempt() -> EncodeResult:
-            att = self.attach()
-            plan = _core.plan_ranges(source.frames, source.frame_bytes, att)
-            leases: list[Lease] = []
-            clock = {"lease_ms": 0.0, "copy_ms": 0.0}
-            try:
-                ranges = []
-                for start, count in plan:
-                    t0 = time.perf_counter()
-                    lease = self.lease(count * source.frame_bytes)
-                    leases.append(lease)
-                    t1 = time.perf_counter()
-                    source.copy_into(lease.array, start, count)
-                    clock["lease_ms"] += (t1 - t0) * 1e3
-                    clock["copy_ms"] += (time.perf_counter() - t1) * 1e3
-                    ranges.append(FrameRange(lease, count))
-                request = _core.encode_request(
-                    token=att.client_token,
-                    request_id=request_id,
-                    width=source.width,
-                    height=source.height,
-                    pixel_format=source.pixel_format,
-                    fps=fps,
-                    ranges=ranges,
-                    path=path,
-                    overwrite=overwrite,
-                    codec=codec,
-                    crf=crf,
-                    preset=preset,
-                    gop=gop,
-                    threads=threads,
-                    extra=extra,
-                )
-                result = self._encode(request, clock, started, on_progress, timeout)
-            except BaseException:
-                # The daemon frees leases it took; ones it refused go back now.
-                for lease in leases:
-                    self._release_quietly(lease.id)
-                raise
-            return result
-
-        result: EncodeResult = self._with_reattach(attempt)
-        return result
+    def _encode_source(
+        self,
+        source: VideoSource,
+        options: EncodeOptions,
+        started: float,
+        on_progress: Callable[[int, int], None] | None,
+        timeout: float | None,
+    ) -> EncodeResult:
+        att = self.attach()
+        leases: list[Lease] = []
+        clock = {"lease_ms": 0.0, "copy_ms": 0.0}
+        try:
+            ranges = []
+            for first, count in _core.plan_ranges(source.frames, source.frame_bytes, att):
+                t0 = time.perf_counter()
+                lease = self.lease(count * source.frame_bytes)
+                leases.append(lease)
+                t1 = time.perf_counter()
+                source.copy_into(lease.array, first, count)
+                clock["lease_ms"] += (t1 - t0) * 1e3
+                clock["copy_ms"] += (time.perf_counter() - t1) * 1e3
+                ranges.append(FrameRange(lease, count))
+            t1 = time.perf_counter()
+            source.finish()
+            clock["copy_ms"] += (time.perf_counter() - t1) * 1e3
+            request = options.request(
+                att.client_token, source.width, source.height, source.pixel_format, ranges
+            )
+            return self._encode(request, clock, started, on_progress, timeout)
+        except BaseException:
+            # The daemon frees leases it took; ones it refused go back now.
+            for lease in leases:
+                with contextlib.suppress(SidecarError):
+                    self.release(lease.id)
+            raise
 
     def encode_leased(
         self,
@@ -210,38 +202,15 @@ class SidecarClient:
         width: int,
         height: int,
         pixel_format: str = "rgb24",
-        fps: float | tuple[int, int] = 24,
-        path: str | None = None,
-        overwrite: bool = False,
-        codec: str = "h264",
-        crf: int | None = None,
-        preset: str | None = None,
-        gop: int | None = None,
-        threads: int = 0,
-        extra: Mapping[str, Any] | None = None,
-        request_id: str | None = None,
         on_progress: Callable[[int, int], None] | None = None,
         timeout: float | None = None,
+        **options: Any,
     ) -> EncodeResult:
-        """Encode frames you already wrote into leases yourself (see `lease()`)."""
+        """Encode frames you wrote into leases yourself (see `lease()`); options as `encode`."""
         started = time.perf_counter()
         att = self.attach()
-        request = _core.encode_request(
-            token=att.client_token,
-            request_id=request_id or _core.new_request_id(),
-            width=width,
-            height=height,
-            pixel_format=pixel_format,
-            fps=fps,
-            ranges=ranges,
-            path=path,
-            overwrite=overwrite,
-            codec=codec,
-            crf=crf,
-            preset=preset,
-            gop=gop,
-            threads=threads,
-            extra=extra,
+        request = EncodeOptions(**options).request(
+            att.client_token, width, height, pixel_format, ranges
         )
         return self._encode(request, {}, started, on_progress, timeout)
 
@@ -260,19 +229,16 @@ class SidecarClient:
         clock["total_ms"] = (time.perf_counter() - started) * 1e3
         return builder.result(clock)
 
-    def _release_quietly(self, lease_id: str) -> None:
-        with contextlib.suppress(SidecarError):  # expired or daemon gone: the TTL reclaims it
-            self.release(lease_id)
-
     # -- inspection ----------------------------------------------------------------------
 
     def status(self) -> Status:
         with _translated():
-            resp = self._stub.Status(pb.StatusRequest(), timeout=self.timeout or 10.0)
+            resp = self._stub_here().Status(pb.StatusRequest(), timeout=self.timeout or 10.0)
         return _core.status_from_proto(resp)
 
     def health(self, service: str = "") -> str:
         """The daemon's health status name, e.g. "SERVING"."""
+        self._stub_here()
         stub = health_pb2_grpc.HealthStub(self._channel)
         with _translated():
             resp = stub.Check(

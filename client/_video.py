@@ -1,29 +1,47 @@
 """Videos the client accepts, and how their frames get into a leased region.
 
-The client never imports torch itself: a tensor is recognised by its type's module, and
-only then is torch (already loaded by the caller) used.
+Three kinds of source, one protocol:
+
+- `PlanarVideo`: uint8 4:2:0 frames the caller already laid out as (T, H*3/2, W);
+- `ArrayVideo`: a numpy array or CPU tensor in any supported layout, dtype and range,
+  converted in bounded batches straight into the lease;
+- `CudaVideo` (in `_cuda`): a CUDA tensor, converted on the GPU and copied
+  device-to-host straight into the (registered) lease.
+
+The client never imports torch itself: a tensor is recognised by its type's module.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
+from ._convert import (
+    FLOAT_DTYPES,
+    Conversion,
+    Ops,
+    check_value_range,
+    dtype_name,
+    frames_view,
+    wire_format,
+)
 from ._errors import InvalidVideo
 
-PACKED_CHANNELS = {"rgb24": 3, "bgr24": 3, "rgba": 4}
 PIXEL_FORMATS = ("rgb24", "bgr24", "rgba", "gray", "yuv420p", "nv12")
+CPU_BATCH_BYTES = 32 * 1024 * 1024  # float32 scratch per conversion batch on the CPU
 
 
 class VideoSource(Protocol):
-    """Frames ready to be copied into leases, all of one size and pixel format."""
+    """Frames ready to be written into leases, all of one size and wire format."""
 
     frames: int
     width: int
     height: int
-    pixel_format: str
+
+    @property
+    def pixel_format(self) -> str: ...
 
     @property
     def frame_bytes(self) -> int: ...
@@ -31,75 +49,151 @@ class VideoSource(Protocol):
     def copy_into(self, region: np.ndarray, start: int, count: int) -> None:
         """Write frames [start, start+count) tightly packed at the start of `region`."""
 
+    def finish(self) -> None:
+        """Block until every copy issued by `copy_into` has landed."""
+
 
 def is_torch_tensor(obj: Any) -> bool:
     return type(obj).__module__.startswith("torch") and hasattr(obj, "device")
 
 
 def frame_shape(pixel_format: str, width: int, height: int) -> tuple[int, ...]:
-    if pixel_format in PACKED_CHANNELS:
-        return (height, width, PACKED_CHANNELS[pixel_format])
+    if pixel_format in ("rgb24", "bgr24"):
+        return (height, width, 3)
+    if pixel_format == "rgba":
+        return (height, width, 4)
     if pixel_format == "gray":
-        return (height, width)
+        return (height, width, 1)
     return (height * 3 // 2, width)
 
 
+def frame_bytes(pixel_format: str, width: int, height: int) -> int:
+    return int(np.prod(frame_shape(pixel_format, width, height)))
+
+
 @dataclass
-class HostVideo:
-    """A uint8 array in host memory (numpy, or a CPU tensor seen through numpy)."""
+class PlanarVideo:
+    """uint8 4:2:0 frames already in the wire layout (T, H*3/2, W)."""
 
     array: np.ndarray
-    frames: int
-    width: int
-    height: int
     pixel_format: str
+    frames: int = field(init=False)
+    width: int = field(init=False)
+    height: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.frames, rows, self.width = self.array.shape
+        self.height = rows * 2 // 3
 
     @property
     def frame_bytes(self) -> int:
-        return int(np.prod(frame_shape(self.pixel_format, self.width, self.height)))
+        return frame_bytes(self.pixel_format, self.width, self.height)
 
     def copy_into(self, region: np.ndarray, start: int, count: int) -> None:
-        shape = (count, *frame_shape(self.pixel_format, self.width, self.height))
-        dst = region[: count * self.frame_bytes].reshape(shape)
-        # One pass over the bytes; handles non-contiguous sources too.
-        np.copyto(dst, self.array[start : start + count].reshape(shape), casting="no")
+        dst = region[: count * self.frame_bytes].reshape(count, *self.array.shape[1:])
+        np.copyto(dst, self.array[start : start + count], casting="no")
+
+    def finish(self) -> None:
+        pass
 
 
-def host_video(video: Any, pixel_format: str = "rgb24") -> HostVideo:
-    """Check a video's type, dtype and shape against `pixel_format`."""
-    if pixel_format not in PIXEL_FORMATS:
+@dataclass
+class ArrayVideo:
+    """Host frames as a (T, H, W, C) view; converted batch by batch into the lease."""
+
+    frames_thwc: Any
+    conversion: Conversion
+    ops: Ops
+    frames: int = field(init=False)
+    width: int = field(init=False)
+    height: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.frames, self.height, self.width, _ = self.frames_thwc.shape
+
+    @property
+    def pixel_format(self) -> str:
+        return self.conversion.pixel_format
+
+    @property
+    def frame_bytes(self) -> int:
+        return frame_bytes(self.pixel_format, self.width, self.height)
+
+    def batch_frames(self, budget: int) -> int:
+        scratch = self.height * self.width * int(self.frames_thwc.shape[3]) * 4
+        return max(1, budget // scratch)
+
+    def copy_into(self, region: np.ndarray, start: int, count: int) -> None:
+        dst: Any = region[: count * self.frame_bytes].reshape(
+            count, *frame_shape(self.pixel_format, self.width, self.height)
+        )
+        if self.ops.torch is not None:
+            dst = self.ops.torch.from_numpy(dst)
+        step = (
+            count
+            if self.conversion.integer and not self.conversion.yuv
+            else self.batch_frames(CPU_BATCH_BYTES)
+        )
+        for first in range(start, start + count, step):
+            last = min(first + step, start + count)
+            out = self.conversion.apply(self.frames_thwc[first:last], self.ops)
+            if self.ops.torch is not None:
+                dst[first - start : last - start].copy_(out)
+            else:
+                np.copyto(dst[first - start : last - start], out, casting="no")
+
+    def finish(self) -> None:
+        pass
+
+
+def prepare_video(
+    video: Any,
+    *,
+    pixel_format: str | None = None,
+    layout: str | None = None,
+    value_range: tuple[float, float] = (0, 1),
+    cuda: Any = None,
+) -> VideoSource:
+    """Check a video and pick how its frames reach the lease.
+
+    `cuda` makes the `CudaVideo` for a CUDA tensor (the client passes its CUDA state).
+    """
+    if pixel_format is not None and pixel_format not in PIXEL_FORMATS:
         raise InvalidVideo(f"unknown pixel_format {pixel_format!r}; use one of {PIXEL_FORMATS}")
+    torch: Any = None
     if is_torch_tensor(video):
-        if video.device.type != "cpu":
-            raise InvalidVideo(
-                f"tensor on {video.device}: this build of the client accepts CPU tensors only"
-            )
+        import torch  # the caller already imported it
+
         video = video.detach()
-        if str(video.dtype) != "torch.uint8":
-            raise InvalidVideo(f"tensor dtype {video.dtype}: expected torch.uint8")
-        video = video.numpy()
-    if not isinstance(video, np.ndarray):
+    elif not isinstance(video, np.ndarray):
         raise InvalidVideo(f"expected a numpy array or torch tensor, got {type(video).__name__}")
-    if video.dtype != np.uint8:
-        raise InvalidVideo(f"dtype {video.dtype}: expected uint8")
-    shape = video.shape
-    if pixel_format in PACKED_CHANNELS:
-        channels = PACKED_CHANNELS[pixel_format]
-        if video.ndim != 4 or shape[3] != channels:
+
+    dtype = dtype_name(video)
+    if dtype != "uint8" and dtype not in FLOAT_DTYPES:
+        raise InvalidVideo(f"dtype {dtype}: expected uint8, float16, bfloat16 or float32")
+
+    if pixel_format in ("yuv420p", "nv12") and video.ndim == 3:
+        if torch is not None or dtype != "uint8" or video.shape[1] % 3:
             raise InvalidVideo(
-                f"shape {shape}: {pixel_format} video must be (frames, height, width, {channels})"
+                f"shape {tuple(video.shape)}: {pixel_format} frames must be a uint8 numpy array "
+                "(T, H*3/2, W), or RGB frames to convert"
             )
-        frames, height, width = shape[:3]
-    elif pixel_format == "gray":
-        if not (video.ndim == 3 or (video.ndim == 4 and shape[3] == 1)):
-            raise InvalidVideo(f"shape {shape}: gray video must be (frames, height, width)")
-        frames, height, width = shape[:3]
-    else:
-        if video.ndim != 3 or shape[1] % 3:
-            raise InvalidVideo(
-                f"shape {shape}: {pixel_format} video must be (frames, height*3/2, width)"
-            )
-        frames, height, width = shape[0], shape[1] * 2 // 3, shape[2]
-    if min(frames, height, width) < 1:
-        raise InvalidVideo(f"shape {shape}: empty video")
-    return HostVideo(video, frames, width, height, pixel_format)
+        return PlanarVideo(video, pixel_format)
+    if pixel_format == "gray" and video.ndim == 3 and layout is None:
+        video = video[..., None]
+
+    view, _ = frames_view(video, layout)
+    wire = wire_format(view.shape[3], pixel_format)
+    if wire in ("yuv420p", "nv12") and (view.shape[1] % 2 or view.shape[2] % 2):
+        raise InvalidVideo(
+            f"{view.shape[2]}x{view.shape[1]}: {wire} needs an even width and height"
+        )
+    scale, offset = check_value_range(value_range)
+    conversion = Conversion(wire, scale, offset, integer=dtype == "uint8")
+    if torch is not None and video.device.type == "cuda":
+        if cuda is None:
+            raise InvalidVideo("CUDA tensors need a client with CUDA support")
+        return cuda(view, conversion)  # type: ignore[no-any-return]
+    if torch is not None and video.device.type != "cpu":
+        raise InvalidVideo(f"tensor on {video.device}: only CPU and CUDA tensors are supported")
+    return ArrayVideo(view, conversion, Ops(torch))

@@ -69,3 +69,20 @@ def daemon() -> Iterator[Daemon]:
 def client(daemon: Daemon) -> Iterator[Any]:
     with daemon.client() as c:
         yield c
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (run on the GPU machine)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)

@@ -195,9 +195,17 @@ def test_pool_exhausted_after_bounded_wait(client: SidecarClient) -> None:
 
 def test_client_side_checks(client: SidecarClient) -> None:
     with pytest.raises(InvalidVideo, match="dtype"):
-        client.encode(np.zeros((2, H, W, 3), np.float64))
+        client.encode(np.zeros((2, H, W, 3), np.int32))
     with pytest.raises(InvalidVideo, match="shape"):
         client.encode(np.zeros((2, H, W), np.uint8))
+    with pytest.raises(InvalidVideo, match="layout"):
+        client.encode(np.zeros((3, 3, H, 3), np.uint8))
+    with pytest.raises(InvalidVideo, match="batch"):
+        client.encode(np.zeros((2, 3, 4, H, W), np.uint8))
+    with pytest.raises(InvalidVideo, match="value_range"):
+        client.encode(np.zeros((2, H, W, 3), np.float32), value_range=(0, 255))
+    with pytest.raises(InvalidVideo, match="even"):
+        client.encode(np.zeros((2, H, W - 1, 3), np.uint8), pixel_format="yuv420p")
     with pytest.raises(InvalidVideo, match="pixel_format"):
         client.encode(np.zeros((2, H, W, 3), np.uint8), pixel_format="yuv444p")
     with pytest.raises(InvalidVideo):

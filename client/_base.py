@@ -1,0 +1,140 @@
+"""State and logic the blocking and the async client share; no network calls here."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from sidecar.api.v1 import sidecar_pb2 as pb
+
+from . import _core
+from ._convert import Conversion
+from ._cuda import CudaHost, CudaVideo
+from ._slabs import SlabMap
+from ._types import Attachment, FrameRange, Lease
+from ._video import VideoSource, prepare_video
+
+
+@dataclass(frozen=True)
+class EncodeOptions:
+    """Everything about an encode except the frames; see `SidecarClient.encode`."""
+
+    fps: float | tuple[int, int] = 24
+    path: str | None = None
+    overwrite: bool = False
+    codec: str = "h264"
+    crf: int | None = None
+    preset: str | None = None
+    gop: int | None = None
+    threads: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+    request_id: str = field(default_factory=_core.new_request_id)
+
+    def request(
+        self, token: str, width: int, height: int, pixel_format: str, ranges: list[FrameRange]
+    ) -> pb.EncodeRequest:
+        return _core.encode_request(
+            token=token,
+            request_id=self.request_id,
+            width=width,
+            height=height,
+            pixel_format=pixel_format,
+            fps=self.fps,
+            ranges=ranges,
+            path=self.path,
+            overwrite=self.overwrite,
+            codec=self.codec,
+            crf=self.crf,
+            preset=self.preset,
+            gop=self.gop,
+            threads=self.threads,
+            extra=self.extra,
+        )
+
+
+class BaseClient:
+    """Target, slab mappings, CUDA state and fork detection."""
+
+    def __init__(
+        self,
+        target: str | None,
+        *,
+        client_name: str,
+        timeout: float | None,
+        lease_wait: float,
+    ) -> None:
+        self.target = _core.resolve_target(target)
+        self.client_name = client_name or f"pid-{os.getpid()}"
+        self.timeout = timeout
+        self.lease_wait = lease_wait
+        self._pid = os.getpid()
+        self._slabs = SlabMap()
+        self._cuda: CudaHost | None = None
+        self._attachment: Attachment | None = None
+
+    # -- fork awareness ------------------------------------------------------------------
+
+    def _forked(self) -> bool:
+        """True once in a child after fork: it must open its own channel and re-attach.
+
+        The child keeps the inherited slab mappings (they stay valid) but not the CUDA
+        registrations, which `CudaHost` forgets on its own.
+        """
+        if os.getpid() == self._pid:
+            return False
+        self._pid = os.getpid()
+        self._attachment = None
+        return True
+
+    # -- attach and leases ---------------------------------------------------------------
+
+    def _attach_request(self) -> pb.AttachRequest:
+        return pb.AttachRequest(client_name=self.client_name, pid=os.getpid())
+
+    def _attached(self, resp: pb.AttachResponse) -> Attachment:
+        attachment = _core.attachment_from_proto(resp)
+        self._slabs.map(attachment.instance_id, attachment.shm_dir, list(attachment.slabs))
+        self._attachment = attachment
+        return attachment
+
+    def _lease_request(self, att: Attachment, nbytes: int, wait: float | None) -> pb.LeaseRequest:
+        wait_s = self.lease_wait if wait is None else wait
+        return pb.LeaseRequest(
+            client_token=att.client_token, size=nbytes, wait_ms=int(wait_s * 1e3)
+        )
+
+    def _lease_timeout(self, wait: float | None) -> float:
+        return (self.lease_wait if wait is None else wait) + (self.timeout or 10.0)
+
+    def _leased(self, resp: pb.LeaseResponse) -> Lease:
+        region = self._slabs.region(resp.slab_id, resp.offset, resp.size)
+        return Lease(resp.lease_id, resp.slab_id, resp.offset, resp.size, region)
+
+    # -- videos --------------------------------------------------------------------------
+
+    def _prepare(
+        self,
+        video: Any,
+        pixel_format: str | None,
+        layout: str | None,
+        value_range: tuple[float, float],
+    ) -> VideoSource:
+        return prepare_video(
+            video,
+            pixel_format=pixel_format,
+            layout=layout,
+            value_range=value_range,
+            cuda=self._cuda_video,
+        )
+
+    def _cuda_video(self, view: Any, conversion: Conversion) -> CudaVideo:
+        if self._cuda is None:
+            self._cuda = CudaHost(self._slabs)
+            self._slabs.before_unmap = self._cuda.unregister
+        return self._cuda.video(view, conversion)
+
+    @property
+    def cuda_registrations(self) -> int:
+        """Slabs this process has registered with CUDA (each at most once)."""
+        return self._cuda.registered_slabs() if self._cuda is not None else 0

@@ -1,0 +1,174 @@
+"""Turning what a model produced into frames the daemon takes, in bounded batches.
+
+A generation worker holds video as (T,H,W,C), (T,C,H,W), (C,T,H,W) or (B,C,T,H,W) with
+B=1, in uint8, float16, bfloat16 or float32, with values in [0, 1] or [-1, 1]. Here it is
+brought to the wire format: uint8 RGB (T,H,W,3), or 4:2:0 YUV (T,H*3/2,W) in BT.709
+limited range. The same code runs on numpy arrays and on torch tensors (CPU or CUDA), one
+batch of frames at a time, so a large bf16 video never has a full float32 copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._errors import InvalidVideo
+
+LAYOUTS = ("THWC", "TCHW", "CTHW", "BCTHW")
+VALUE_RANGES = {(0, 1): (255.0, 0.0), (-1, 1): (127.5, 127.5)}
+FLOAT_DTYPES = {"float16", "bfloat16", "float32", "float64"}
+
+# BT.709 limited range, from R, G, B in 0..255.
+_KR, _KB = 0.2126, 0.0722
+_KG = 1 - _KR - _KB
+Y_ROW = (219 / 255 * _KR, 219 / 255 * _KG, 219 / 255 * _KB)
+U_ROW = tuple(224 / 255 * c for c in (-_KR / (2 - 2 * _KB), -_KG / (2 - 2 * _KB), 0.5))
+V_ROW = tuple(224 / 255 * c for c in (0.5, -_KG / (2 - 2 * _KR), -_KB / (2 - 2 * _KR)))
+
+
+def dtype_name(array: Any) -> str:
+    return str(array.dtype).removeprefix("torch.")
+
+
+def frames_view(array: Any, layout: str | None) -> tuple[Any, str]:
+    """A (T, H, W, C) view of `array` (no copy), and the layout it was read as."""
+    shape = tuple(array.shape)
+    if layout is None:
+        layout = guess_layout(shape)
+    layout = layout.upper()
+    if layout not in LAYOUTS:
+        raise InvalidVideo(f"layout {layout!r}: use one of {', '.join(LAYOUTS)}")
+    if len(shape) != len(layout):
+        raise InvalidVideo(f"shape {shape} does not match layout {layout}")
+    if layout == "BCTHW":
+        if shape[0] != 1:
+            raise InvalidVideo(f"shape {shape}: a batch of {shape[0]} videos; send them one by one")
+        array = array[0]
+        layout = "CTHW"
+    order = [layout.index(axis) for axis in "THWC"]
+    view = array.permute(*order) if hasattr(array, "permute") else array.transpose(order)
+    if view.shape[3] not in (1, 3, 4):
+        raise InvalidVideo(
+            f"shape {shape} as {layout}: {view.shape[3]} channels, expected 1, 3 or 4"
+        )
+    if min(view.shape) < 1:
+        raise InvalidVideo(f"shape {shape}: empty video")
+    return view, layout
+
+
+def guess_layout(shape: tuple[int, ...]) -> str:
+    if len(shape) == 5:
+        return "BCTHW"
+    if len(shape) == 3:
+        raise InvalidVideo(
+            f"shape {shape}: 3-D video is ambiguous; pass layout= or add a channel axis"
+        )
+    if len(shape) != 4:
+        raise InvalidVideo(f"shape {shape}: expected a 4-D or 5-D video")
+    last, second = shape[3] in (1, 3, 4), shape[1] in (1, 3, 4)
+    if last and not second:
+        return "THWC"
+    if second and not last:
+        return "TCHW"
+    raise InvalidVideo(
+        f"shape {shape}: cannot tell the channel axis; pass layout='THWC', 'TCHW' or 'CTHW'"
+    )
+
+
+def check_value_range(value_range: tuple[float, float]) -> tuple[float, float]:
+    key = (int(value_range[0]), int(value_range[1]))
+    if key not in VALUE_RANGES or tuple(value_range) != key:
+        raise InvalidVideo(f"value_range {value_range!r}: use (0, 1) or (-1, 1)")
+    return VALUE_RANGES[key]
+
+
+@dataclass(frozen=True)
+class Ops:
+    """The handful of array operations conversion needs, for numpy or torch."""
+
+    torch: Any = None  # the torch module, when converting tensors
+
+    def float32(self, x: Any) -> Any:
+        """A float32 copy (never the caller's own array: later steps work in place)."""
+        if self.torch:
+            return x.to(dtype=self.torch.float32, copy=True)
+        return x.astype(np.float32)
+
+    def to_uint8(self, x: Any) -> Any:
+        """Clamp to 0..255 (NaN to 0, +inf to 255), round half to even, cast."""
+        if self.torch:
+            x = self.torch.nan_to_num_(x, nan=0.0, posinf=255.0, neginf=0.0)
+            return x.clamp_(0, 255).round_().to(self.torch.uint8)
+        x = np.nan_to_num(x, copy=False, nan=0.0, posinf=255.0, neginf=0.0)
+        np.clip(x, 0, 255, out=x)
+        np.rint(x, out=x)
+        return x.astype(np.uint8)
+
+    def mean(self, x: Any, axes: tuple[int, ...]) -> Any:
+        return x.mean(dim=axes) if self.torch else x.mean(axis=axes)
+
+    def stack(self, xs: list[Any], axis: int) -> Any:
+        return self.torch.stack(xs, dim=axis) if self.torch else np.stack(xs, axis=axis)
+
+    def cat(self, xs: list[Any], axis: int) -> Any:
+        return self.torch.cat(xs, dim=axis) if self.torch else np.concatenate(xs, axis=axis)
+
+
+def to_rgb_levels(batch: Any, ops: Ops, scale: float, offset: float, integer: bool) -> Any:
+    """A float32 batch in 0..255 levels (not yet rounded)."""
+    x = ops.float32(batch)
+    if not integer:
+        x *= scale
+        x += offset
+    return x
+
+
+def rgb_to_yuv420(rgb: Any, ops: Ops, nv12: bool) -> Any:
+    """(k,H,W,3) float levels -> (k,H*3/2,W) uint8, BT.709 limited, chroma averaged 2x2."""
+    k, h, w, _ = rgb.shape
+    r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
+    y = ops.to_uint8(16 + Y_ROW[0] * r + Y_ROW[1] * g + Y_ROW[2] * b)
+    half = ops.mean(rgb.reshape(k, h // 2, 2, w // 2, 2, 3), (2, 4))
+    hr, hg, hb = half[..., 0], half[..., 1], half[..., 2]
+    u = ops.to_uint8(128 + U_ROW[0] * hr + U_ROW[1] * hg + U_ROW[2] * hb)
+    v = ops.to_uint8(128 + V_ROW[0] * hr + V_ROW[1] * hg + V_ROW[2] * hb)
+    if nv12:
+        chroma = ops.stack([u, v], axis=3).reshape(k, -1)
+    else:
+        chroma = ops.cat([u.reshape(k, -1), v.reshape(k, -1)], axis=1)
+    # Planes end to end, seen as one (H*3/2, W) array: the layout PyAV borrows.
+    return ops.cat([y.reshape(k, -1), chroma], axis=1).reshape(k, h * 3 // 2, w)
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """How one (k, H, W, C) batch of the caller's frames becomes wire frames."""
+
+    pixel_format: str  # the wire format
+    scale: float
+    offset: float
+    integer: bool  # uint8 input: already in 0..255
+
+    @property
+    def yuv(self) -> bool:
+        return self.pixel_format in ("yuv420p", "nv12")
+
+    def apply(self, batch: Any, ops: Ops) -> Any:
+        if self.yuv:
+            rgb = to_rgb_levels(batch, ops, self.scale, self.offset, self.integer)
+            return rgb_to_yuv420(rgb, ops, nv12=self.pixel_format == "nv12")
+        if self.integer:
+            return batch
+        return ops.to_uint8(to_rgb_levels(batch, ops, self.scale, self.offset, False))
+
+
+def wire_format(channels: int, pixel_format: str | None) -> str:
+    """The wire pixel format for frames with `channels` channels."""
+    natural = {1: "gray", 3: "rgb24", 4: "rgba"}[channels]
+    if pixel_format is None or pixel_format == natural:
+        return natural
+    if channels == 3 and pixel_format in ("bgr24", "yuv420p", "nv12"):
+        return pixel_format
+    raise InvalidVideo(f"{channels}-channel frames cannot be sent as {pixel_format!r}")

@@ -1,0 +1,219 @@
+"""The CUDA path: register each slab once per process, copy device-to-host into leases.
+
+A slab is `cudaHostRegister`ed the first time a CUDA copy lands in it, and stays
+registered until the client unmaps it, so the per-request cost is a copy at full PCIe
+speed and nothing else. Conversion (layout, range, dtype, optionally RGB to 4:2:0) runs
+on the GPU in batches of frames on a side stream that waits for the producer's stream
+through an event; no device-wide synchronize.
+
+Registration state is per process. After a fork the child forgets the parent's
+registrations (they are not valid in the child) and never unregisters them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ._convert import Conversion, Ops
+from ._slabs import SlabMap
+from ._video import frame_bytes, frame_shape
+
+log = logging.getLogger(__name__)
+
+CUDA_SUCCESS = 0
+ALREADY_REGISTERED = 712  # cudaErrorHostMemoryAlreadyRegistered
+REGISTER_PORTABLE = 1  # cudaHostRegisterPortable: visible to every context
+GPU_BATCH_BYTES = 64 * 1024 * 1024  # float32 scratch per conversion batch on the GPU
+
+
+class CudaRuntime:
+    """cudaHostRegister and friends, from cuda-python when installed, else torch."""
+
+    def __init__(self) -> None:
+        self._rt: Any
+        try:
+            from cuda.bindings import runtime as rt
+        except ImportError:
+            try:
+                from cuda import cudart as rt  # older cuda-python
+            except ImportError:
+                rt = None
+        if rt is not None:
+            self._rt, self.backend = rt, "cuda-python"
+        else:
+            import torch
+
+            self._rt, self.backend = torch.cuda.cudart(), "torch"
+
+    @staticmethod
+    def _code(result: Any) -> int:
+        value: Any = result[0] if isinstance(result, tuple) else result
+        return int(getattr(value, "value", value))
+
+    def register(self, address: int, size: int) -> int:
+        return self._code(self._rt.cudaHostRegister(address, size, REGISTER_PORTABLE))
+
+    def unregister(self, address: int) -> int:
+        return self._code(self._rt.cudaHostUnregister(address))
+
+    def clear_error(self) -> None:
+        """A failed call leaves a sticky 'last error' that later kernel checks would see."""
+        get_last = getattr(self._rt, "cudaGetLastError", None)
+        if get_last is not None:
+            get_last()
+
+
+@dataclass
+class CudaHost:
+    """One client's CUDA state in one process: registrations and side streams."""
+
+    slabs: SlabMap
+    pid: int = field(default_factory=os.getpid)
+    registrations: int = 0  # successful cudaHostRegister calls, for tests and status
+    _registered: dict[int, tuple[int, bool]] = field(default_factory=dict)  # addr -> size, owned
+    _failed: set[int] = field(default_factory=set)
+    _streams: dict[int, Any] = field(default_factory=dict)
+    _runtime: CudaRuntime | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _warned: bool = False
+
+    def _check_fork(self) -> None:
+        if os.getpid() != self.pid:
+            # Registrations and streams belong to the parent; forget them, never undo them.
+            self.pid = os.getpid()
+            self._registered = {}
+            self._failed = set()
+            self._streams = {}
+            self._runtime = None
+            self.registrations = 0
+
+    @property
+    def runtime(self) -> CudaRuntime:
+        if self._runtime is None:
+            self._runtime = CudaRuntime()
+        return self._runtime
+
+    def registered_slabs(self) -> int:
+        self._check_fork()
+        return len(self._registered)
+
+    def ensure_registered(self, region: np.ndarray) -> bool:
+        """Register the slab holding `region`, once. False means pageable copies."""
+        self._check_fork()
+        slab = self.slabs.slab_of(int(region.ctypes.data))
+        if slab is None:
+            return False
+        address, size = slab
+        with self._lock:
+            if address in self._registered:
+                return True
+            if address in self._failed:
+                return False
+            code = self.runtime.register(address, size)
+            if code == ALREADY_REGISTERED:
+                # Someone else in this process registered it; use it, never unregister it.
+                self.runtime.clear_error()
+                self._registered[address] = (size, False)
+                return True
+            if code != CUDA_SUCCESS:
+                self.runtime.clear_error()
+                self._failed.add(address)
+                self._warn(f"cudaHostRegister failed with error {code}")
+                return False
+            self._registered[address] = (size, True)
+            self.registrations += 1
+            return True
+
+    def unregister(self, address: int) -> bool:
+        """Called before a slab is unmapped. False: keep the mapping (still registered)."""
+        self._check_fork()
+        with self._lock:
+            entry = self._registered.get(address)
+            if entry is None:
+                return True
+            _, owned = entry
+            if owned:
+                code = self.runtime.unregister(address)
+                if code != CUDA_SUCCESS:
+                    self.runtime.clear_error()
+                    log.warning(
+                        "cudaHostUnregister failed with error %d; keeping the slab mapped", code
+                    )
+                    return False
+            del self._registered[address]
+            return True
+
+    def stream(self, device: Any) -> Any:
+        import torch
+
+        self._check_fork()
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index not in self._streams:
+            self._streams[index] = torch.cuda.Stream(device=index)
+        return self._streams[index]
+
+    def _warn(self, reason: str) -> None:
+        if not self._warned:
+            self._warned = True
+            message = (
+                f"{reason}: copying into shared memory without page-locking it; this works "
+                "but is slower. Check `ulimit -l` and that the slabs are mapped read-write."
+            )
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+            log.warning(message)
+
+    def video(self, view: Any, conversion: Conversion) -> CudaVideo:
+        return CudaVideo(view, conversion, self)
+
+
+class CudaVideo:
+    """A CUDA tensor's frames (a (T, H, W, C) view), copied into leases from the GPU."""
+
+    def __init__(self, frames_thwc: Any, conversion: Conversion, host: CudaHost) -> None:
+        import torch
+
+        self._torch = torch
+        self.frames_thwc = frames_thwc
+        self.conversion = conversion
+        self.host = host
+        self.frames, self.height, self.width, channels = frames_thwc.shape
+        self.pixel_format = conversion.pixel_format
+        self.device = frames_thwc.device
+        self._side = host.stream(self.device)
+        # Everything the producer queued so far must finish before we read the frames.
+        self._ready = torch.cuda.Event()
+        self._ready.record(torch.cuda.current_stream(self.device))
+        self._side.wait_event(self._ready)
+        self._ops = Ops(torch)
+        self._identity = conversion.integer and not conversion.yuv
+        scratch = self.height * self.width * channels * 4
+        self._batch = max(1, GPU_BATCH_BYTES // scratch)
+        self.registered_all = True
+
+    @property
+    def frame_bytes(self) -> int:
+        return frame_bytes(self.pixel_format, self.width, self.height)
+
+    def copy_into(self, region: np.ndarray, start: int, count: int) -> None:
+        torch = self._torch
+        self.registered_all &= self.host.ensure_registered(region)
+        shape = frame_shape(self.pixel_format, self.width, self.height)
+        dst = torch.from_numpy(region[: count * self.frame_bytes]).view(count, *shape)
+        step = count if self._identity else self._batch
+        with torch.cuda.stream(self._side):
+            for first in range(start, start + count, step):
+                last = min(first + step, start + count)
+                out = self.conversion.apply(self.frames_thwc[first:last], self._ops)
+                dst[first - start : last - start].copy_(out, non_blocking=True)
+
+    def finish(self) -> None:
+        done = self._torch.cuda.Event()
+        done.record(self._side)
+        done.synchronize()  # waits for our copies only, not the whole device

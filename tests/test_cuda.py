@@ -1,0 +1,190 @@
+"""The CUDA worker path: registration once, GPU normalisation, D2H straight into leases.
+
+Marked `cuda`: skipped without a GPU; run on the GPU machine with `pytest -m cuda`.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+
+import numpy as np
+import pytest
+
+from client import SidecarClient
+from client._convert import Conversion, Ops
+from client.patterns import moving_pattern
+
+from .helpers import Daemon, decode, psnr
+
+pytestmark = pytest.mark.cuda
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def rgb() -> np.ndarray:
+    return moving_pattern(24, 192, 320)
+
+
+@pytest.fixture(scope="module")
+def baseline(daemon: Daemon, rgb: np.ndarray) -> bytes:
+    with daemon.client() as c:
+        return c.encode(rgb, threads=1).data or b""
+
+
+def test_uint8_round_trip_is_bit_exact(
+    client: SidecarClient, rgb: np.ndarray, baseline: bytes
+) -> None:
+    gpu = torch.from_numpy(rgb).cuda()
+    result = client.encode(gpu, threads=1)
+    assert result.data == baseline
+    assert client.cuda_registrations >= 1
+
+
+def test_lease_bytes_equal_the_tensor(client: SidecarClient, rgb: np.ndarray) -> None:
+    gpu = torch.from_numpy(rgb).cuda()
+    source = client._prepare(gpu, None, None, (0, 1))
+    lease = client.lease(rgb.nbytes)
+    try:
+        source.copy_into(lease.array, 0, len(rgb))
+        source.finish()
+        assert np.array_equal(lease.array[: rgb.nbytes].reshape(rgb.shape), rgb)
+    finally:
+        client.release(lease)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_float_inputs_match_the_cpu_conversion(
+    client: SidecarClient, rgb: np.ndarray, dtype: str
+) -> None:
+    t = (torch.from_numpy(rgb).float() / 127.5 - 1).to(getattr(torch, dtype))
+    t = t.permute(3, 0, 1, 2)[None].contiguous()  # (1, C, T, H, W) as a VAE returns it
+    t[0, :, 0, 0, :4] = torch.tensor([float("nan"), float("inf"), float("-inf"), 3.0])[:, None].T
+    cpu = client._prepare(t.cpu(), None, None, (-1, 1))
+    gpu = client._prepare(t.cuda(), None, None, (-1, 1))
+    lease_a, lease_b = client.lease(rgb.nbytes), client.lease(rgb.nbytes)
+    try:
+        cpu.copy_into(lease_a.array, 0, len(rgb))
+        gpu.copy_into(lease_b.array, 0, len(rgb))
+        gpu.finish()
+        a = lease_a.array[: rgb.nbytes].astype(np.int16)
+        b = lease_b.array[: rgb.nbytes].astype(np.int16)
+        assert np.abs(a - b).max() <= 1 and np.mean(a == b) > 0.999
+        first = lease_b.array[: 4 * 3].reshape(4, 3)
+        assert first[:, 0].tolist() == [0, 255, 0, 255]  # NaN, +inf, -inf, 3.0 clamped
+    finally:
+        client.release(lease_a)
+        client.release(lease_b)
+    frames, _ = decode(client.encode(t.cuda(), value_range=(-1, 1)).data or b"")
+    assert psnr(frames[1:], rgb[1:]) >= 40
+
+
+def test_non_contiguous_inputs(client: SidecarClient, rgb: np.ndarray, baseline: bytes) -> None:
+    gpu = torch.from_numpy(rgb).cuda()
+    tchw = gpu.permute(0, 3, 1, 2)  # a permuted view, not a copy
+    assert not tchw.is_contiguous()
+    assert client.encode(tchw, threads=1).data == baseline
+    wide = torch.zeros(24, 192, 400, 3, dtype=torch.uint8, device="cuda")
+    wide[:, :, :320] = gpu
+    cropped = wide[:, :, :320]  # padded rows
+    assert client.encode(cropped, threads=1).data == baseline
+    every_other = torch.cat([gpu, gpu])[::2]
+    assert client.encode(every_other, threads=1).data == baseline
+
+
+def test_gpu_420_is_close_to_cpu_conversion(client: SidecarClient, rgb: np.ndarray) -> None:
+    cpu_side, facts_a = decode(client.encode(rgb).data or b"")
+    gpu = torch.from_numpy(rgb).cuda()
+    for fmt in ("yuv420p", "nv12"):
+        result = client.encode(gpu, pixel_format=fmt)
+        gpu_side, facts_b = decode(result.data or b"")
+        assert abs(psnr(gpu_side, rgb) - psnr(cpu_side, rgb)) <= 1.0
+        keys = ("colorspace", "color_range", "color_primaries", "color_trc", "pix_fmt")
+        assert {k: facts_b[k] for k in keys} == {k: facts_a[k] for k in keys}
+    # Same conversion code on CPU and GPU: the planes agree to one level.
+    conv = Conversion("yuv420p", 255.0, 0.0, integer=True)
+    on_gpu = conv.apply(gpu[:4], Ops(torch)).cpu().numpy().astype(int)
+    on_cpu = conv.apply(rgb[:4], Ops()).astype(int)
+    assert np.abs(on_gpu - on_cpu).max() <= 1
+
+
+def test_registration_happens_once_per_slab(daemon: Daemon, rgb: np.ndarray) -> None:
+    gpu = torch.from_numpy(rgb[:4]).cuda()
+    with daemon.client() as c:
+        for _ in range(100):
+            c.encode(gpu)
+        assert c._cuda is not None
+        assert c.cuda_registrations == c._cuda.registrations
+        assert 1 <= c.cuda_registrations <= 4  # the slabs actually used, never more
+
+
+def test_bounded_device_memory_for_bf16(daemon: Daemon) -> None:
+    frames, h, w = 48, 768, 1344
+    video = torch.rand(1, 3, frames, h, w, device="cuda").to(torch.bfloat16)  # 297 MB
+    full_fp32 = video.numel() * 4
+    d = Daemon(daemon.prefix + "m", slabs=2, slab_size="256MiB")
+    d.start()
+    try:
+        with d.client() as c:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            c.encode(video, value_range=(0, 1), preset="ultrafast")
+            peak = torch.cuda.max_memory_allocated() - base
+        assert peak < full_fp32 / 2, (peak, full_fp32)
+    finally:
+        d.stop()
+        d.cleanup()
+
+
+def test_registration_failure_falls_back_with_one_warning(
+    daemon: Daemon, rgb: np.ndarray, baseline: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from client import _cuda
+
+    monkeypatch.setattr(_cuda.CudaRuntime, "register", lambda self, a, s: 2)  # out of memory
+    gpu = torch.from_numpy(rgb).cuda()
+    with daemon.client() as c:
+        with pytest.warns(RuntimeWarning, match="cudaHostRegister failed"):
+            assert c.encode(gpu, threads=1).data == baseline
+        assert c.cuda_registrations == 0
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert c.encode(gpu, threads=1).data == baseline  # warned once only
+
+
+def _child(
+    socket: str, frames: np.ndarray, client: SidecarClient, out: multiprocessing.Queue
+) -> None:
+    # The inherited client must not trust the parent's registrations, and must still work
+    # on host memory (CUDA itself cannot be used in a forked child).
+    try:
+        result = client.encode(frames, threads=1)
+        out.put((client.cuda_registrations, len(result.data or b""), os.getpid()))
+    except Exception as exc:  # report, don't hang the parent
+        out.put(repr(exc))
+
+
+def test_forked_child_does_not_reuse_registrations(
+    daemon: Daemon, rgb: np.ndarray, baseline: bytes
+) -> None:
+    gpu = torch.from_numpy(rgb).cuda()
+    with daemon.client() as c:
+        c.encode(gpu)
+        registered = c.cuda_registrations
+        assert registered >= 1
+        ctx = multiprocessing.get_context("fork")
+        out = ctx.Queue()
+        child = ctx.Process(target=_child, args=(daemon.socket, rgb, c, out))
+        child.start()
+        reply = out.get(timeout=60)
+        child.join(60)
+        assert child.exitcode == 0
+        assert isinstance(reply, tuple), reply
+        child_registrations, size, pid = reply
+        assert child_registrations == 0 and size > 0 and pid != os.getpid()
+        # The parent's registrations survived the child.
+        assert c.cuda_registrations == registered
+        assert c.encode(gpu, threads=1).data == baseline
