@@ -212,6 +212,7 @@ class ResultBuilder:
             copy_ms=client.get("copy_ms", 0.0),
             queue_ms=t.queue_ms,
             validate_ms=t.validate_ms,
+            open_ms=t.open_ms,
             convert_ms=t.convert_ms,
             encode_ms=t.encode_ms,
             mux_ms=t.mux_ms,

@@ -69,6 +69,7 @@ class Timings:
     copy_ms: float = 0.0  # writing frames into the leases
     queue_ms: float = 0.0  # waiting for an encoder slot in the daemon
     validate_ms: float = 0.0  # the daemon checking the request against its leases
+    open_ms: float = 0.0  # opening the encoder and the container
     convert_ms: float = 0.0  # colour conversion to the codec's pixel format
     encode_ms: float = 0.0  # the encoder itself
     mux_ms: float = 0.0  # writing packets into the container

@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import os
 import secrets
-import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 
-from client import SidecarClient, SidecarError, TransportError
+from client import SidecarClient, SidecarError
 from client.patterns import moving_pattern
 
 from .config import format_size
+from .launcher import DaemonProcess, is_serving
 
 
 @dataclass(frozen=True)
@@ -31,48 +30,18 @@ class DemoOptions:
     output: str = ""
 
 
-def _alive(client: SidecarClient) -> bool:
-    try:
-        return client.health() == "SERVING"
-    except TransportError:
-        return False
-
-
-def start_daemon(socket: str) -> subprocess.Popen[bytes]:
-    env = dict(os.environ)
-    env.setdefault("VIDEO_SIDECAR_LOG_LEVEL", "warning")
-    return subprocess.Popen([sys.executable, "-m", "sidecar", "serve", "--socket", socket], env=env)
-
-
-def wait_ready(client: SidecarClient, daemon: subprocess.Popen[bytes], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not _alive(client):
-        if daemon.poll() is not None:
-            raise RuntimeError(f"the daemon exited with status {daemon.returncode}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the daemon did not become ready within {timeout:.0f}s")
-        time.sleep(0.05)
-
-
-def stop_daemon(daemon: subprocess.Popen[bytes]) -> None:
-    if daemon.poll() is None:
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            daemon.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
-
-
 def run(options: DemoOptions) -> int:
     spawned = None
     with SidecarClient(options.socket, client_name="demo") as client:
         try:
             t0 = time.perf_counter()
-            if not _alive(client):
+            if not is_serving(options.socket):
                 print(f"starting a daemon on {options.socket}", flush=True)
-                spawned = start_daemon(options.socket)
-                wait_ready(client, spawned, timeout=60)
+                spawned = DaemonProcess(options.socket)
+                env = {
+                    "VIDEO_SIDECAR_LOG_LEVEL": os.environ.get("VIDEO_SIDECAR_LOG_LEVEL", "warning")
+                }
+                spawned.start(env=env)
             startup_ms = (time.perf_counter() - t0) * 1e3
 
             t0 = time.perf_counter()
@@ -91,7 +60,7 @@ def run(options: DemoOptions) -> int:
             return 1
         finally:
             if spawned is not None:
-                stop_daemon(spawned)
+                spawned.stop()
 
     t = result.timings
     print(f"\nwrote {result.path}")
@@ -108,6 +77,7 @@ def run(options: DemoOptions) -> int:
         ("copy into slabs", t.copy_ms, "the only host copy"),
         ("queue", t.queue_ms, "waiting for an encoder slot"),
         ("validate", t.validate_ms, "descriptor checked against leases"),
+        ("open encoder", t.open_ms, "libx264 and the MP4 muxer"),
         ("convert", t.convert_ms, "RGB -> yuv420p BT.709"),
         ("encode", t.encode_ms, "libx264, frames borrowed from the slab"),
         ("mux", t.mux_ms, ""),

@@ -124,6 +124,7 @@ class ResolvedCodec:
 
 @dataclass
 class EncodeTimings:
+    open: float = 0.0
     convert: float = 0.0
     encode: float = 0.0
     mux: float = 0.0
@@ -154,12 +155,14 @@ class VideoEncoder:
         self._copy_420 = self._layout.planar420 and geometry.height % 4 != 0
         self._reformatter = VideoReformatter()
         self._convert_threads = max(1, min(threads, 8)) if threads else 1
+        t0 = time.perf_counter()
         self._container = av.open(sink, "w", format="mp4", options={"movflags": "+faststart"})
         try:
             self._stream = self._add_stream(threads)
         except BaseException:
             self._container.close()
             raise
+        self.timings.open = time.perf_counter() - t0
 
     def _add_stream(self, threads: int) -> av.video.stream.VideoStream:
         g = self.geometry

@@ -144,6 +144,7 @@ class EncodeJob:
             path=path,
             memfd=memfd,
             timings_ms={
+                "open_ms": t.open * 1e3,
                 "convert_ms": t.convert * 1e3,
                 "encode_ms": t.encode * 1e3,
                 "mux_ms": t.mux * 1e3,

@@ -3,40 +3,33 @@
 from __future__ import annotations
 
 import io
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import av
 import numpy as np
 
-from client import SidecarClient, TransportError
+from client import SidecarClient
+from sidecar.launcher import DaemonProcess, serve_command
 
 SHM_DIR = Path("/dev/shm")
 
 
 def daemon_command() -> list[str]:
-    """`video-sidecar` from this environment, else the module it runs."""
-    script = Path(sys.executable).with_name("video-sidecar")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "sidecar"]
+    return serve_command()
 
 
-class Daemon:
+class Daemon(DaemonProcess):
     """`video-sidecar serve` on a private socket, shm prefix and output root."""
 
     def __init__(self, prefix: str, **options: Any) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="vsd-"))
-        self.socket = str(self.dir / "sidecar.sock")
         self.output_dir = self.dir / "out"
         self.prefix = prefix
-        self.options = {
-            "socket": self.socket,
+        self.log_path = self.dir / "daemon.log"
+        defaults = {
             "output_dir": str(self.output_dir),
             "shm_prefix": prefix,
             "slabs": 4,
@@ -45,61 +38,24 @@ class Daemon:
             "max_lease_wait": 5,
             "shutdown_grace": 10,
             "log_level": "info",
-            **options,
         }
-        self.process: subprocess.Popen[bytes] | None = None
-        self.log_path = self.dir / "daemon.log"
+        super().__init__(str(self.dir / "sidecar.sock"), **{**defaults, **options})
 
-    def args(self) -> list[str]:
-        args = [*daemon_command(), "serve"]
-        for key, value in self.options.items():
-            args += ["--" + key.replace("_", "-"), str(value)]
-        return args
-
-    def start(self, timeout: float = 30.0, env: dict[str, str] | None = None) -> Daemon:
-        log = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
-        self.process = subprocess.Popen(
-            self.args(), stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
-        )
-        log.close()
-        deadline = time.monotonic() + timeout
-        with SidecarClient(self.socket, timeout=2) as probe:
-            while True:
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"daemon exited {self.process.returncode}:\n{self.log()}")
-                try:
-                    if probe.health() == "SERVING":
-                        return self
-                except TransportError:
-                    pass
-                if time.monotonic() > deadline:
-                    self.kill()
-                    raise RuntimeError(f"daemon not ready after {timeout}s:\n{self.log()}")
-                time.sleep(0.05)
+    def start(  # type: ignore[override]
+        self, timeout: float = 30.0, env: dict[str, str] | None = None
+    ) -> Daemon:
+        with open(self.log_path, "ab") as log:
+            try:
+                super().start(timeout, env, output=log)
+            except RuntimeError as exc:
+                raise RuntimeError(f"daemon {exc}:\n{self.log()}") from None
+        return self
 
     def client(self, **kwargs: Any) -> SidecarClient:
         return SidecarClient(self.socket, **kwargs)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def stop(self, timeout: float = 30.0) -> int:
-        """SIGTERM and wait; returns the exit status."""
-        assert self.process is not None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-                raise
-        return self.process.returncode
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
 
     def segments(self) -> list[str]:
         return sorted(p.name for p in SHM_DIR.glob(f"{self.prefix}.*"))

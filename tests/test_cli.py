@@ -83,7 +83,7 @@ def test_status_without_daemon(tmp_path: Path) -> None:
 def test_too_small_shm_is_a_clear_startup_error() -> None:
     daemon = Daemon(new_prefix(), slabs=4096, slab_size="1GiB")
     try:
-        with pytest.raises(RuntimeError, match="exited 1"):
+        with pytest.raises(RuntimeError, match="exited with status 1"):
             daemon.start()
         log = daemon.log()
         assert "slab pool needs" in log and "--shm-size" in log

@@ -225,7 +225,7 @@ class OutputChunk(_message.Message):
     def __init__(self, offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class StageTimings(_message.Message):
-    __slots__ = ("queue_ms", "validate_ms", "convert_ms", "encode_ms", "mux_ms", "finalize_ms", "total_ms")
+    __slots__ = ("queue_ms", "validate_ms", "convert_ms", "encode_ms", "mux_ms", "finalize_ms", "total_ms", "open_ms")
     QUEUE_MS_FIELD_NUMBER: _ClassVar[int]
     VALIDATE_MS_FIELD_NUMBER: _ClassVar[int]
     CONVERT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -233,6 +233,7 @@ class StageTimings(_message.Message):
     MUX_MS_FIELD_NUMBER: _ClassVar[int]
     FINALIZE_MS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
+    OPEN_MS_FIELD_NUMBER: _ClassVar[int]
     queue_ms: float
     validate_ms: float
     convert_ms: float
@@ -240,7 +241,8 @@ class StageTimings(_message.Message):
     mux_ms: float
     finalize_ms: float
     total_ms: float
-    def __init__(self, queue_ms: _Optional[float] = ..., validate_ms: _Optional[float] = ..., convert_ms: _Optional[float] = ..., encode_ms: _Optional[float] = ..., mux_ms: _Optional[float] = ..., finalize_ms: _Optional[float] = ..., total_ms: _Optional[float] = ...) -> None: ...
+    open_ms: float
+    def __init__(self, queue_ms: _Optional[float] = ..., validate_ms: _Optional[float] = ..., convert_ms: _Optional[float] = ..., encode_ms: _Optional[float] = ..., mux_ms: _Optional[float] = ..., finalize_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., open_ms: _Optional[float] = ...) -> None: ...
 
 class EncodeResult(_message.Message):
     __slots__ = ("request_id", "path", "size_bytes", "frames", "duration_s", "codec", "container", "width", "height", "timings")

@@ -1,0 +1,149 @@
+"""What every suite shares: shapes, content, device handling, timing, machine facts."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from client.patterns import moving_pattern
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+
+# The upstream ablation shapes, W x H x frames.
+SHAPES = ["448x256x4", "672x384x4", "1344x768x1", "448x256x16", "1344x768x122", "1344x768x362"]
+
+
+def parse_shape(shape: str) -> tuple[int, int, int]:
+    w, h, t = (int(v) for v in shape.split("x"))
+    return w, h, t
+
+
+@dataclass
+class Row:
+    variant: str
+    shape: str
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    samples: int
+    ratio_to_upstream_a: float | None = None
+    note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def summarise(variant: str, shape: str, times_ms: list[float], **extra: Any) -> Row:
+    return Row(
+        variant=variant,
+        shape=shape,
+        median_ms=round(statistics.median(times_ms), 3),
+        min_ms=round(min(times_ms), 3),
+        max_ms=round(max(times_ms), 3),
+        samples=len(times_ms),
+        extra=extra,
+    )
+
+
+class Device:
+    """Where frames start: host memory ('cpu') or a CUDA tensor ('cuda')."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.torch: Any = None
+        if kind == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise SystemExit("--device cuda: no CUDA device is visible")
+            self.torch = torch
+
+    def video(self, shape: str, seed: int = 0) -> Any:
+        """Smooth moving content with mild noise; never zeros."""
+        w, h, t = parse_shape(shape)
+        frames = moving_pattern(t, h, w, noise=2.0, seed=seed)
+        if self.torch is None:
+            return frames
+        return self.torch.from_numpy(frames).cuda()
+
+    def ready(self) -> None:
+        """Wait until the frames exist (GPU-ready) before a timer starts."""
+        if self.torch is not None:
+            self.torch.cuda.synchronize()
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    t0 = time.perf_counter()
+    out = fn()
+    return (time.perf_counter() - t0) * 1e3, out
+
+
+def machine() -> dict[str, Any]:
+    facts: dict[str, Any] = {
+        "host": platform.node(),
+        "cpu": _cpu_model(),
+        "cores": len(os.sched_getaffinity(0)),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+    }
+    try:
+        import av
+
+        facts["av"] = av.__version__
+    except ImportError:
+        pass
+    try:
+        import torch
+
+        facts["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            facts["gpu"] = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return facts
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+            check=False,
+        )  # fmt: skip
+        return out.stdout.strip()
+    except OSError:
+        return ""
+
+
+def write_json(path: str | Path, meta: dict[str, Any], rows: list[Row]) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    payload = {"meta": meta, "rows": [asdict(r) for r in rows]}
+    Path(path).write_text(json.dumps(payload, indent=2) + "\n")
+
+
+def encode_settings() -> dict[str, Any]:
+    """The x264 settings every variant uses."""
+    return {"codec": "libx264", "preset": "ultrafast", "crf": 18, "fps": 24}
+
+
+def as_host(video: Any) -> np.ndarray:
+    return video.cpu().numpy() if hasattr(video, "cpu") else video
