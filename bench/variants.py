@@ -174,6 +174,7 @@ class Sidecar(Variant):
     def run(self, video: Any, shape: str) -> bytes:
         result = self.client.encode(video, fps=SETTINGS["fps"], pixel_format=self.pixel_format,
                                     **self.options)  # fmt: skip
+        self.last_timings = result.timings.as_dict()
         return result.data  # type: ignore[no-any-return]
 
 
