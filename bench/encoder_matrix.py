@@ -34,8 +34,7 @@ def run(frames: np.ndarray, fmt: str, threads: int, thread_type: str, samples: i
     for _ in range(samples):
         fd = os.memfd_create("m")
         t0 = time.perf_counter()
-        enc = VideoEncoder(f"/proc/self/fd/{fd}", g, CodecSpec().resolve(), threads)
-        enc._stream.codec_context.thread_type = thread_type
+        enc = VideoEncoder(f"/proc/self/fd/{fd}", g, CodecSpec().resolve(), threads, thread_type)
         for f in frames:
             enc.encode(f)
         enc.close()
@@ -50,26 +49,25 @@ def run(frames: np.ndarray, fmt: str, threads: int, thread_type: str, samples: i
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--shape", default="1344x768x362")
+    p.add_argument("--shapes", default="448x256x4,1344x768x1,448x256x16,1344x768x122")
     p.add_argument("--samples", type=int, default=3)
     p.add_argument("--json")
     args = p.parse_args()
-    w, h, t = parse_shape(args.shape)
-    rgb = moving_pattern(t, h, w, noise=2.0)
-    yuv = Conversion("yuv420p", 255.0, 0.0, integer=True).apply(rgb, Ops())
     cores = len(os.sched_getaffinity(0))
     results = []
-    for fmt, frames in (("rgb24", rgb), ("yuv420p", yuv)):
-        for threads in sorted({2, 4, 8, cores, 0}):
-            for tt in ("FRAME", "SLICE"):
-                r = run(frames, fmt, threads, tt, args.samples)
-                if r not in results:
+    for shape in args.shapes.split(","):
+        w, h, t = parse_shape(shape)
+        rgb = moving_pattern(t, h, w, noise=2.0)
+        yuv = Conversion("yuv420p", 255.0, 0.0, integer=True).apply(rgb, Ops())
+        for fmt, frames in (("rgb24", rgb), ("yuv420p", yuv)):
+            for threads in sorted({1, 2, 4, 8, cores}):
+                for tt in ("FRAME", "SLICE"):
+                    r = {"shape": shape, **run(frames, fmt, threads, tt, args.samples)}
                     results.append(r)
                     print(r, flush=True)
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"machine": machine(), "shape": args.shape, "av": av.__version__,
-                       "rows": results}, fh, indent=2)  # fmt: skip
+            json.dump({"machine": machine(), "av": av.__version__, "rows": results}, fh, indent=2)
 
 
 if __name__ == "__main__":

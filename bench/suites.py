@@ -177,6 +177,7 @@ def transfer(device: Device, samples: int | None) -> list[Row]:
                     )
                 )  # fmt: skip
         rows += _overhead(client, device, samples or 50)
+        rows += _round_trips(client)
     for r in rows:
         print(f"{r.shape:>14} {r.variant:<22} median {r.median_ms:9.3f} ms  {r.extra}", flush=True)
     return rows
@@ -214,6 +215,7 @@ def _raw_copy_ms(device: Device, video: Any, nbytes: int, n: int) -> list[float]
                 times.append((time.perf_counter() - t0) * 1e3)
             return times[2:]
         finally:
+            del dst
             torch.cuda.cudart().cudaHostUnregister(address)
     finally:
         del host
@@ -277,6 +279,19 @@ def _overhead(client: SidecarClient, device: Device, n: int) -> list[Row]:
             )
         )  # fmt: skip
     return rows
+
+
+def _round_trips(client: SidecarClient, n: int = 300) -> list[Row]:
+    """What one unary call to the daemon costs on this machine."""
+    status, lease = [], []
+    for _ in range(n):
+        ms, _ = timed(client.status)
+        status.append(ms)
+        t0 = time.perf_counter()
+        got = client.lease(4096)
+        lease.append((time.perf_counter() - t0) * 1e3)
+        client.release(got)
+    return [summarise("rpc_status", "-", status[20:]), summarise("rpc_lease", "-", lease[20:])]
 
 
 # -- throughput -----------------------------------------------------------------------------

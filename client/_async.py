@@ -63,6 +63,10 @@ class AsyncSidecarClient(BaseClient):
         await self.close()
 
     async def close(self) -> None:
+        spare = self._drop_spare()
+        if spare is not None:
+            with contextlib.suppress(SidecarError):
+                await self.release(spare)
         self._slabs.close()
         await self._channel.close()
 
@@ -142,13 +146,15 @@ class AsyncSidecarClient(BaseClient):
         timeout: float | None,
     ) -> EncodeResult:
         att = await self.attach()
+        plan = _core.plan_ranges(source.frames, source.frame_bytes, att)
+        single = len(plan) == 1  # small requests reuse the spare lease and ask for the next
         leases: list[Lease] = []
         clock = {"lease_ms": 0.0, "copy_ms": 0.0}
         try:
             ranges = []
-            for first, count in _core.plan_ranges(source.frames, source.frame_bytes, att):
+            for first, count in plan:
                 t0 = time.perf_counter()
-                lease = await self.lease(count * source.frame_bytes)
+                lease = await self._lease_for(count * source.frame_bytes, single)
                 leases.append(lease)
                 t1 = time.perf_counter()
                 if count * source.frame_bytes >= THREAD_COPY_BYTES:
@@ -162,7 +168,12 @@ class AsyncSidecarClient(BaseClient):
             await asyncio.to_thread(source.finish)
             clock["copy_ms"] += (time.perf_counter() - t1) * 1e3
             request = options.request(
-                att.client_token, source.width, source.height, source.pixel_format, ranges
+                att.client_token,
+                source.width,
+                source.height,
+                source.pixel_format,
+                ranges,
+                next_lease_bytes=source.frames * source.frame_bytes if single else 0,
             )
             return await self._encode(request, clock, started, on_progress, timeout)
         except BaseException:
@@ -170,6 +181,13 @@ class AsyncSidecarClient(BaseClient):
                 with contextlib.suppress(SidecarError):
                     await self.release(lease.id)
             raise
+
+    async def _lease_for(self, nbytes: int, use_spare: bool) -> Lease:
+        spare, stale = self._take_spare(nbytes) if use_spare else (None, None)
+        if stale is not None:
+            with contextlib.suppress(SidecarError):
+                await self.release(stale)
+        return spare if spare is not None else await self.lease(nbytes)
 
     async def encode_leased(
         self,
@@ -198,10 +216,15 @@ class AsyncSidecarClient(BaseClient):
         timeout: float | None,
     ) -> EncodeResult:
         builder = _core.ResultBuilder(on_progress)
+        asked_at = time.monotonic()
         async with _translated():
             async for event in self._stub.Encode(request, timeout=timeout or self.timeout):
                 builder.feed(event)
         clock["total_ms"] = (time.perf_counter() - started) * 1e3
+        displaced = self._keep_spare(builder.next_lease, asked_at)
+        if displaced is not None:  # concurrent requests on one client: keep one spare
+            with contextlib.suppress(SidecarError):
+                await self.release(displaced)
         return builder.result(clock)
 
     # -- inspection ----------------------------------------------------------------------

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +34,13 @@ class EncodeOptions:
     request_id: str = field(default_factory=_core.new_request_id)
 
     def request(
-        self, token: str, width: int, height: int, pixel_format: str, ranges: list[FrameRange]
+        self,
+        token: str,
+        width: int,
+        height: int,
+        pixel_format: str,
+        ranges: list[FrameRange],
+        next_lease_bytes: int = 0,
     ) -> pb.EncodeRequest:
         return _core.encode_request(
             token=token,
@@ -50,6 +58,7 @@ class EncodeOptions:
             gop=self.gop,
             threads=self.threads,
             extra=self.extra,
+            next_lease_bytes=next_lease_bytes,
         )
 
 
@@ -72,6 +81,10 @@ class BaseClient:
         self._slabs = SlabMap()
         self._cuda: CudaHost | None = None
         self._attachment: Attachment | None = None
+        # A lease the daemon granted with the last result, for the next request: in the
+        # steady state a request then costs one round trip instead of two.
+        self._spare: tuple[Lease, float] | None = None
+        self._spare_lock = threading.Lock()
 
     # -- fork awareness ------------------------------------------------------------------
 
@@ -85,6 +98,7 @@ class BaseClient:
             return False
         self._pid = os.getpid()
         self._attachment = None
+        self._spare = None  # it belongs to the parent's token
         return True
 
     # -- attach and leases ---------------------------------------------------------------
@@ -96,6 +110,7 @@ class BaseClient:
         attachment = _core.attachment_from_proto(resp)
         self._slabs.map(attachment.instance_id, attachment.shm_dir, list(attachment.slabs))
         self._attachment = attachment
+        self._spare = None  # leases belong to the old token
         return attachment
 
     def _lease_request(self, att: Attachment, nbytes: int, wait: float | None) -> pb.LeaseRequest:
@@ -110,6 +125,39 @@ class BaseClient:
     def _leased(self, resp: pb.LeaseResponse) -> Lease:
         region = self._slabs.region(resp.slab_id, resp.offset, resp.size)
         return Lease(resp.lease_id, resp.slab_id, resp.offset, resp.size, region)
+
+    # -- the spare lease ------------------------------------------------------------------
+
+    def _take_spare(self, nbytes: int) -> tuple[Lease | None, Lease | None]:
+        """(a spare lease to use for `nbytes`, or None; a spare to give back, or None).
+
+        A spare is used only while it is surely alive: well within its TTL, counted from
+        before it was granted. Writing into an expired lease could overwrite frames that
+        another client now owns.
+        """
+        with self._spare_lock:
+            spare, self._spare = self._spare, None
+        if spare is None:
+            return None, None
+        lease, granted_before = spare
+        att = self._attachment
+        fresh = att is not None and time.monotonic() - granted_before < att.lease_ttl / 2
+        if fresh and lease.size >= nbytes:
+            return lease, None
+        return None, lease if fresh else None
+
+    def _keep_spare(self, lease: pb.LeaseResponse | None, asked_at: float) -> Lease | None:
+        """Keep the newest spare; returns one it displaced, which the caller gives back."""
+        if lease is None or not lease.lease_id:
+            return None
+        with self._spare_lock:
+            displaced, self._spare = self._spare, (self._leased(lease), asked_at)
+        return displaced[0] if displaced else None
+
+    def _drop_spare(self) -> Lease | None:
+        with self._spare_lock:
+            spare, self._spare = self._spare, None
+        return spare[0] if spare else None
 
     # -- videos --------------------------------------------------------------------------
 

@@ -135,6 +135,7 @@ def encode_request(
     gop: int | None,
     threads: int,
     extra: Mapping[str, Any] | None,
+    next_lease_bytes: int = 0,
 ) -> pb.EncodeRequest:
     options = pb.CodecOptions(
         codec=codec,
@@ -172,6 +173,7 @@ def encode_request(
         ),
         codec=options,
         output=output,
+        next_lease_bytes=next_lease_bytes,
     )
 
 
@@ -183,6 +185,7 @@ class ResultBuilder:
         self._chunks: list[bytes] = []
         self._received = 0
         self._result: pb.EncodeResult | None = None
+        self.next_lease: pb.LeaseResponse | None = None
 
     def feed(self, event: pb.EncodeEvent) -> None:
         kind = event.WhichOneof("event")
@@ -198,6 +201,10 @@ class ResultBuilder:
             self._received += len(event.chunk.data)
         elif kind == "result":
             self._result = event.result
+            if event.result.HasField("next_lease"):
+                self.next_lease = event.result.next_lease
+            if self._on_progress is not None:
+                self._on_progress(event.result.frames, event.result.frames)
 
     def result(self, client: dict[str, float]) -> EncodeResult:
         r = self._result

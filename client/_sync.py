@@ -71,6 +71,10 @@ class SidecarClient(BaseClient):
         self.close()
 
     def close(self) -> None:
+        spare = self._drop_spare()
+        if spare is not None and not self._forked():
+            with contextlib.suppress(SidecarError):
+                self.release(spare)
         self._slabs.close()
         self._channel.close()
 
@@ -168,13 +172,15 @@ class SidecarClient(BaseClient):
         timeout: float | None,
     ) -> EncodeResult:
         att = self.attach()
+        plan = _core.plan_ranges(source.frames, source.frame_bytes, att)
+        single = len(plan) == 1  # small requests reuse the spare lease and ask for the next
         leases: list[Lease] = []
         clock = {"lease_ms": 0.0, "copy_ms": 0.0}
         try:
             ranges = []
-            for first, count in _core.plan_ranges(source.frames, source.frame_bytes, att):
+            for first, count in plan:
                 t0 = time.perf_counter()
-                lease = self.lease(count * source.frame_bytes)
+                lease = self._lease_for(count * source.frame_bytes, single)
                 leases.append(lease)
                 t1 = time.perf_counter()
                 source.copy_into(lease.array, first, count)
@@ -185,7 +191,12 @@ class SidecarClient(BaseClient):
             source.finish()
             clock["copy_ms"] += (time.perf_counter() - t1) * 1e3
             request = options.request(
-                att.client_token, source.width, source.height, source.pixel_format, ranges
+                att.client_token,
+                source.width,
+                source.height,
+                source.pixel_format,
+                ranges,
+                next_lease_bytes=source.frames * source.frame_bytes if single else 0,
             )
             return self._encode(request, clock, started, on_progress, timeout)
         except BaseException:
@@ -194,6 +205,13 @@ class SidecarClient(BaseClient):
                 with contextlib.suppress(SidecarError):
                     self.release(lease.id)
             raise
+
+    def _lease_for(self, nbytes: int, use_spare: bool) -> Lease:
+        spare, stale = self._take_spare(nbytes) if use_spare else (None, None)
+        if stale is not None:
+            with contextlib.suppress(SidecarError):
+                self.release(stale)
+        return spare if spare is not None else self.lease(nbytes)
 
     def encode_leased(
         self,
@@ -223,10 +241,15 @@ class SidecarClient(BaseClient):
         timeout: float | None,
     ) -> EncodeResult:
         builder = _core.ResultBuilder(on_progress)
+        asked_at = time.monotonic()
         with _translated():
             for event in self._stub.Encode(request, timeout=timeout or self.timeout):
                 builder.feed(event)
         clock["total_ms"] = (time.perf_counter() - started) * 1e3
+        displaced = self._keep_spare(builder.next_lease, asked_at)
+        if displaced is not None:  # concurrent requests on one client: keep one spare
+            with contextlib.suppress(SidecarError):
+                self.release(displaced)
         return builder.result(clock)
 
     # -- inspection ----------------------------------------------------------------------

@@ -122,6 +122,22 @@ class ResolvedCodec:
     threads: int
 
 
+SHORT_CLIP_FRAMES = 8
+
+
+def threading_for(frames: int, height: int, cores: int) -> tuple[int, str]:
+    """(threads, thread_type) for an encode given `cores` to itself.
+
+    Frame threads need frames to work on: a short clip gets slice threads instead (each
+    frame split across cores, at least three macroblock rows a slice), a long one frame
+    threads, never more than it has frames.
+    """
+    if frames <= SHORT_CLIP_FRAMES:
+        rows = (height + 15) // 16
+        return max(1, min(cores, rows // 3)), "SLICE"
+    return max(1, min(cores, frames)), "FRAME"
+
+
 @dataclass
 class EncodeTimings:
     open: float = 0.0
@@ -144,6 +160,7 @@ class VideoEncoder:
         geometry: Geometry,
         codec: ResolvedCodec,
         threads: int,
+        thread_type: str = "FRAME",
     ) -> None:
         self.geometry = geometry
         self.codec = codec
@@ -158,13 +175,13 @@ class VideoEncoder:
         t0 = time.perf_counter()
         self._container = av.open(sink, "w", format="mp4", options={"movflags": "+faststart"})
         try:
-            self._stream = self._add_stream(threads)
+            self._stream = self._add_stream(threads, thread_type)
         except BaseException:
             self._container.close()
             raise
         self.timings.open = time.perf_counter() - t0
 
-    def _add_stream(self, threads: int) -> av.video.stream.VideoStream:
+    def _add_stream(self, threads: int, thread_type: str) -> av.video.stream.VideoStream:
         g = self.geometry
         stream = self._container.add_stream(self.codec.choice.encoder, rate=g.fps)
         assert isinstance(stream, av.VideoStream)
@@ -181,7 +198,7 @@ class VideoEncoder:
         ctx.color_range = LIMITED_RANGE
         if self.codec.gop is not None:
             ctx.gop_size = self.codec.gop
-        ctx.thread_type = "FRAME"
+        ctx.thread_type = thread_type
         ctx.thread_count = threads
         ctx.options = dict(self.codec.options)
         try:

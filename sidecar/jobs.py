@@ -91,6 +91,7 @@ class EncodeJob:
         self._emit = emit
         self.cancel = threading.Event()
         self.threads = plan.threads  # 0 until the service picks a count
+        self.thread_type = "FRAME"
         self.queue_s = 0.0
         self.started = False
 
@@ -107,7 +108,7 @@ class EncodeJob:
                 sink = f"/proc/self/fd/{memfd}"
             else:
                 sink = str(plan.target.open_temp())
-            encoder = VideoEncoder(sink, plan.geometry, plan.codec, self.threads)
+            encoder = VideoEncoder(sink, plan.geometry, plan.codec, self.threads, self.thread_type)
             self._encode_ranges(encoder, uses)
             encoder.close()
             t0 = time.perf_counter()
@@ -174,7 +175,6 @@ class EncodeJob:
                 # Every frame of this lease is inside the encoder: give it back now,
                 # so a waiting client can start its next copy while we keep encoding.
                 self._leases.free([placed.lease])
-        self._emit(Progress(done, total))
 
     def _classify(self, exc: BaseException) -> BaseException:
         if isinstance(exc, (SidecarError, KeyboardInterrupt, SystemExit)):

@@ -21,11 +21,12 @@ from pathlib import Path
 
 from . import __version__
 from .config import Config, cpu_count
-from .encoder import CodecSpec
+from .encoder import CodecSpec, threading_for
 from .errors import (
     Cancelled,
     InvalidRequest,
     NotAttached,
+    OutOfRange,
     PoolExhausted,
     ShuttingDown,
     StartupError,
@@ -61,6 +62,7 @@ class EncodeSpec:
     codec: CodecSpec = field(default_factory=CodecSpec)
     path: str | None = None  # relative to the output root; None means bytes
     overwrite: bool = False
+    next_lease_bytes: int = 0  # lease this much for the client's next request when done
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ class Result:
     width: int
     height: int
     timings_ms: dict[str, float]
+    next_lease: Lease | None = None
 
 
 Event = Progress | Chunk | Result
@@ -349,6 +352,10 @@ class Sidecar:
                 **outcome.timings_ms,
                 "total_ms": (time.perf_counter() - received_at) * 1e3,
             }
+            next_lease = None
+            if spec.next_lease_bytes:
+                with contextlib.suppress(OutOfRange):
+                    next_lease = self.leases.grant(spec.client_token, spec.next_lease_bytes)
             finished = True
             self.stats.encodes_ok += 1
             self.stats.frames_encoded += outcome.frames
@@ -364,6 +371,7 @@ class Sidecar:
                 width=plan.geometry.width,
                 height=plan.geometry.height,
                 timings_ms=timings,
+                next_lease=next_lease,
             )
         except BaseException:
             if not finished:
@@ -391,8 +399,7 @@ class Sidecar:
                     raise Cancelled("cancelled while waiting for an encoder")
                 self._active += 1
                 try:
-                    if not job.threads:
-                        job.threads = self._auto_threads()
+                    job.threads, job.thread_type = self._threading(job)
                     future = self._loop.run_in_executor(self._executor, job.run)
                     try:
                         return await asyncio.shield(future)
@@ -411,10 +418,14 @@ class Sidecar:
             if not job.started:  # a job that never ran still owns its leases
                 self.leases.free([r.lease for r in job.plan.ranges])
 
-    def _auto_threads(self) -> int:
-        if self.config.encoder_threads:
-            return self.config.encoder_threads
-        return max(2, cpu_count() // max(1, self._active))
+    def _threading(self, job: EncodeJob) -> tuple[int, str]:
+        """Threads for a job: the request's or config's count, else a share of the cores."""
+        frames, height = job.plan.frames_total, job.plan.geometry.height
+        share = job.threads or self.config.encoder_threads or cpu_count() // max(1, self._active)
+        threads, thread_type = threading_for(frames, height, share)
+        if job.threads or self.config.encoder_threads:
+            threads = share  # an explicit count is honoured as given
+        return threads, thread_type
 
     # -- reporting -----------------------------------------------------------------------
 

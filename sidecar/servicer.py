@@ -38,6 +38,7 @@ from .errors import (
 )
 from .frames import FrameRangeSpec
 from .jobs import Progress
+from .leases import Lease
 from .service import Attachment, Chunk, EncodeSpec, Result, Sidecar, StatusReport, VideoRequest
 
 log = logging.getLogger(__name__)
@@ -113,13 +114,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
     @_mapped
     async def Lease(self, request: pb.LeaseRequest, context: Any) -> pb.LeaseResponse:
         lease = await self.sidecar.lease(request.client_token, request.size, request.wait_ms / 1e3)
-        return pb.LeaseResponse(
-            lease_id=lease.id,
-            slab_id=lease.slab_id,
-            offset=lease.offset,
-            size=lease.size,
-            ttl_ms=int(self.sidecar.config.lease_ttl * 1e3),
-        )
+        return lease_to_proto(lease, self.sidecar.config.lease_ttl)
 
     @_mapped
     async def Release(self, request: pb.ReleaseRequest, context: Any) -> pb.ReleaseResponse:
@@ -143,7 +138,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         try:
             spec = encode_spec_from_proto(request, request_id)
             async for event in self.sidecar.encode(spec, received_at):
-                yield event_to_proto(event)
+                yield event_to_proto(event, self.sidecar.config.lease_ttl)
         except SidecarError as exc:
             outcome = status_of(exc).name
             await self._fail(context, exc)
@@ -180,6 +175,16 @@ def attachment_to_proto(a: Attachment) -> pb.AttachResponse:
     )
 
 
+def lease_to_proto(lease: Lease, ttl: float) -> pb.LeaseResponse:
+    return pb.LeaseResponse(
+        lease_id=lease.id,
+        slab_id=lease.slab_id,
+        offset=lease.offset,
+        size=lease.size,
+        ttl_ms=int(ttl * 1e3),
+    )
+
+
 def encode_spec_from_proto(request: pb.EncodeRequest, request_id: str) -> EncodeSpec:
     v = request.video
     if len(v.ranges) > MAX_RANGES:
@@ -213,10 +218,11 @@ def encode_spec_from_proto(request: pb.EncodeRequest, request_id: str) -> Encode
         codec=codec,
         path=path,
         overwrite=which == "file" and request.output.file.overwrite,
+        next_lease_bytes=request.next_lease_bytes,
     )
 
 
-def event_to_proto(event: Progress | Chunk | Result) -> pb.EncodeEvent:
+def event_to_proto(event: Progress | Chunk | Result, lease_ttl: float) -> pb.EncodeEvent:
     if isinstance(event, Progress):
         return pb.EncodeEvent(
             progress=pb.Progress(frames_done=event.frames_done, frames_total=event.frames_total)
@@ -235,6 +241,7 @@ def event_to_proto(event: Progress | Chunk | Result) -> pb.EncodeEvent:
             width=event.width,
             height=event.height,
             timings=pb.StageTimings(**event.timings_ms),
+            next_lease=lease_to_proto(event.next_lease, lease_ttl) if event.next_lease else None,
         )
     )
 

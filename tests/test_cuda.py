@@ -88,7 +88,8 @@ def test_non_contiguous_inputs(client: SidecarClient, rgb: np.ndarray, baseline:
     wide[:, :, :320] = gpu
     cropped = wide[:, :, :320]  # padded rows
     assert client.encode(cropped, threads=1).data == baseline
-    every_other = torch.cat([gpu, gpu])[::2]
+    every_other = torch.stack([gpu, gpu], dim=1).reshape(48, 192, 320, 3)[::2]
+    assert not every_other.is_contiguous()
     assert client.encode(every_other, threads=1).data == baseline
 
 

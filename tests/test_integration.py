@@ -195,11 +195,30 @@ def test_status_counts(daemon: Daemon, video: np.ndarray) -> None:
     with daemon.client() as c:
         before = c.status()
         c.encode(video[:4])
+        during = c.status()
+    with daemon.client() as c:
         after = c.status()
     assert after.counters["encodes_ok"] == before.counters["encodes_ok"] + 1
     assert after.counters["frames_encoded"] == before.counters["frames_encoded"] + 4
     assert after.pool["total_bytes"] == 4 * 16 * 1024 * 1024
+    # The client held one spare lease for its next request, and gave it back on close.
+    assert during.pool["active_leases"] == 1
     assert after.pool["leased_bytes"] == 0 and after.pool["active_leases"] == 0
+
+
+def test_spare_lease_saves_a_round_trip(daemon: Daemon, video: np.ndarray) -> None:
+    with daemon.client() as c:
+        c.encode(video[:4])
+        granted = c.status().counters["leases_granted"]
+        for _ in range(5):
+            c.encode(video[:4])
+        # Each request used the spare from the previous result: one lease per request,
+        # granted by the daemon alongside the result, and no Lease call.
+        assert c.status().counters["leases_granted"] == granted + 5
+        spare = c._spare
+        assert spare is not None
+        c.encode(video[:8])  # larger: the spare is too small, given back, a fresh lease taken
+        assert c._spare is not None and c._spare[0].id != spare[0].id
 
 
 def test_slabs_mapped_once_per_client(client: SidecarClient, video: np.ndarray) -> None:

@@ -195,18 +195,20 @@ class OutputSpec(_message.Message):
     def __init__(self, bytes: _Optional[_Union[BytesOutput, _Mapping]] = ..., file: _Optional[_Union[FileOutput, _Mapping]] = ...) -> None: ...
 
 class EncodeRequest(_message.Message):
-    __slots__ = ("client_token", "request_id", "video", "codec", "output")
+    __slots__ = ("client_token", "request_id", "video", "codec", "output", "next_lease_bytes")
     CLIENT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     VIDEO_FIELD_NUMBER: _ClassVar[int]
     CODEC_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    NEXT_LEASE_BYTES_FIELD_NUMBER: _ClassVar[int]
     client_token: str
     request_id: str
     video: VideoDescriptor
     codec: CodecOptions
     output: OutputSpec
-    def __init__(self, client_token: _Optional[str] = ..., request_id: _Optional[str] = ..., video: _Optional[_Union[VideoDescriptor, _Mapping]] = ..., codec: _Optional[_Union[CodecOptions, _Mapping]] = ..., output: _Optional[_Union[OutputSpec, _Mapping]] = ...) -> None: ...
+    next_lease_bytes: int
+    def __init__(self, client_token: _Optional[str] = ..., request_id: _Optional[str] = ..., video: _Optional[_Union[VideoDescriptor, _Mapping]] = ..., codec: _Optional[_Union[CodecOptions, _Mapping]] = ..., output: _Optional[_Union[OutputSpec, _Mapping]] = ..., next_lease_bytes: _Optional[int] = ...) -> None: ...
 
 class Progress(_message.Message):
     __slots__ = ("frames_done", "frames_total")
@@ -245,7 +247,7 @@ class StageTimings(_message.Message):
     def __init__(self, queue_ms: _Optional[float] = ..., validate_ms: _Optional[float] = ..., convert_ms: _Optional[float] = ..., encode_ms: _Optional[float] = ..., mux_ms: _Optional[float] = ..., finalize_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., open_ms: _Optional[float] = ...) -> None: ...
 
 class EncodeResult(_message.Message):
-    __slots__ = ("request_id", "path", "size_bytes", "frames", "duration_s", "codec", "container", "width", "height", "timings")
+    __slots__ = ("request_id", "path", "size_bytes", "frames", "duration_s", "codec", "container", "width", "height", "timings", "next_lease")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -256,6 +258,7 @@ class EncodeResult(_message.Message):
     WIDTH_FIELD_NUMBER: _ClassVar[int]
     HEIGHT_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_LEASE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     path: str
     size_bytes: int
@@ -266,7 +269,8 @@ class EncodeResult(_message.Message):
     width: int
     height: int
     timings: StageTimings
-    def __init__(self, request_id: _Optional[str] = ..., path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., frames: _Optional[int] = ..., duration_s: _Optional[float] = ..., codec: _Optional[str] = ..., container: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ...) -> None: ...
+    next_lease: LeaseResponse
+    def __init__(self, request_id: _Optional[str] = ..., path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., frames: _Optional[int] = ..., duration_s: _Optional[float] = ..., codec: _Optional[str] = ..., container: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., next_lease: _Optional[_Union[LeaseResponse, _Mapping]] = ...) -> None: ...
 
 class EncodeEvent(_message.Message):
     __slots__ = ("progress", "chunk", "result")
