@@ -83,13 +83,18 @@ def e2e(
     biggest = max(shapes, key=lambda s: np.prod(parse_shape(s)))
     w, h, t = parse_shape(biggest)
     rows: list[Row] = []
-    with daemon(**pool_for(w * h * 3, t)) as d, SidecarClient(d.socket) as client:
+    # Each sidecar variant has its own client, as each worker process would.
+    with (
+        daemon(**pool_for(w * h * 3, t, copies=2)) as d,
+        SidecarClient(d.socket) as rgb_client,
+        SidecarClient(d.socket) as yuv_client,
+    ):
         candidates: list[Variant] = [
             UpstreamA(device),
             UpstreamD(device),
             FfmpegPipe(device),
-            Sidecar(device, client, **sidecar_options),
-            SidecarYuv(device, client, **sidecar_options),
+            Sidecar(device, rgb_client, **sidecar_options),
+            SidecarYuv(device, yuv_client, **sidecar_options),
         ]
         chosen = [v for v in candidates if variants is None or v.name in variants]
         usable = [v for v in chosen if not v.available()]

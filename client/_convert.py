@@ -109,11 +109,14 @@ class Ops:
     def mean(self, x: Any, axes: tuple[int, ...]) -> Any:
         return x.mean(dim=axes) if self.torch else x.mean(axis=axes)
 
-    def stack(self, xs: list[Any], axis: int) -> Any:
-        return self.torch.stack(xs, dim=axis) if self.torch else np.stack(xs, axis=axis)
-
     def cat(self, xs: list[Any], axis: int) -> Any:
         return self.torch.cat(xs, dim=axis) if self.torch else np.concatenate(xs, axis=axis)
+
+    def matrix(self, rows: Any, like: Any) -> Any:
+        """A float32 constant on the same device as `like`."""
+        if self.torch:
+            return self.torch.tensor(rows, dtype=self.torch.float32, device=like.device)
+        return np.asarray(rows, dtype=np.float32)
 
 
 def to_rgb_levels(batch: Any, ops: Ops, scale: float, offset: float, integer: bool) -> Any:
@@ -126,20 +129,24 @@ def to_rgb_levels(batch: Any, ops: Ops, scale: float, offset: float, integer: bo
 
 
 def rgb_to_yuv420(rgb: Any, ops: Ops, nv12: bool) -> Any:
-    """(k,H,W,3) float levels -> (k,H*3/2,W) uint8, BT.709 limited, chroma averaged 2x2."""
+    """(k,H,W,3) float levels -> (k,H*3/2,W) uint8, BT.709 limited, chroma averaged 2x2.
+
+    Written as two small matrix products so a GPU runs a handful of kernels per batch.
+    """
     k, h, w, _ = rgb.shape
-    r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
-    y = ops.to_uint8(16 + Y_ROW[0] * r + Y_ROW[1] * g + Y_ROW[2] * b)
+    y = rgb @ ops.matrix(Y_ROW, rgb)
+    y += 16
     half = ops.mean(rgb.reshape(k, h // 2, 2, w // 2, 2, 3), (2, 4))
-    hr, hg, hb = half[..., 0], half[..., 1], half[..., 2]
-    u = ops.to_uint8(128 + U_ROW[0] * hr + U_ROW[1] * hg + U_ROW[2] * hb)
-    v = ops.to_uint8(128 + V_ROW[0] * hr + V_ROW[1] * hg + V_ROW[2] * hb)
+    uv = half @ ops.matrix(list(zip(U_ROW, V_ROW)), rgb)  # (k, H/2, W/2, 2)
+    uv += 128
+    y8, uv8 = ops.to_uint8(y), ops.to_uint8(uv)
     if nv12:
-        chroma = ops.stack([u, v], axis=3).reshape(k, -1)
+        chroma = uv8.reshape(k, -1)
     else:
-        chroma = ops.cat([u.reshape(k, -1), v.reshape(k, -1)], axis=1)
+        planar = uv8.permute(0, 3, 1, 2) if ops.torch else uv8.transpose(0, 3, 1, 2)
+        chroma = planar.reshape(k, -1)
     # Planes end to end, seen as one (H*3/2, W) array: the layout PyAV borrows.
-    return ops.cat([y.reshape(k, -1), chroma], axis=1).reshape(k, h * 3 // 2, w)
+    return ops.cat([y8.reshape(k, -1), chroma], axis=1).reshape(k, h * 3 // 2, w)
 
 
 @dataclass(frozen=True)

@@ -127,6 +127,14 @@ class Config:
         default=0,
         metadata=_opt("threads per encode; 0 shares the cores among running encodes", int, "N"),
     )
+    warm_encoders: int = field(
+        default=2,
+        metadata=_opt(
+            "encoders opened ahead of time for recently served short-clip settings; 0: off",
+            int,
+            "N",
+        ),
+    )
     lease_ttl: float = field(
         default=30.0,
         metadata=_opt("seconds an unused lease lives before it is reclaimed", float, "SECONDS"),
@@ -157,6 +165,8 @@ class Config:
             problems.append("slab_size must be at least 1MiB")
         if self.max_concurrent_encodes < 1:
             problems.append("max_concurrent_encodes must be at least 1")
+        if self.warm_encoders < 0:
+            problems.append("warm_encoders must be 0 (off) or more")
         if self.encoder_threads < 0:
             problems.append("encoder_threads must be 0 (auto) or more")
         if self.lease_ttl <= 0 or self.max_lease_wait < 0 or self.shutdown_grace < 0:

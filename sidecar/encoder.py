@@ -210,9 +210,8 @@ class VideoEncoder:
             ) from None
         return stream
 
-    def encode(self, image: np.ndarray) -> None:
-        """Encode one frame; `image` is borrowed and may be reused when this returns."""
-        t0 = time.perf_counter()
+    def _frame(self, image: np.ndarray) -> av.VideoFrame:
+        """A PyAV frame over `image` (borrowed), converted to yuv420p if need be."""
         if self._copy_420:
             frame = av.VideoFrame.from_ndarray(image, format=self._layout.name)
         else:
@@ -227,6 +226,17 @@ class VideoEncoder:
                 dst_color_range=ColorRange.MPEG,
                 threads=self._convert_threads,
             )
+        return frame
+
+    def prime(self, blank: np.ndarray) -> None:
+        """Set up the colour converter ahead of the first frame; encodes nothing."""
+        if self._needs_convert:
+            self._frame(blank)
+
+    def encode(self, image: np.ndarray) -> None:
+        """Encode one frame; `image` is borrowed and may be reused when this returns."""
+        t0 = time.perf_counter()
+        frame = self._frame(image)
         frame.colorspace = BT709
         frame.color_range = LIMITED_RANGE
         frame.pts = self.frames

@@ -25,6 +25,7 @@ from .errors import Cancelled, EncodeFailed, SidecarError
 from .frames import Geometry, PlacedRange, borrow_frames
 from .leases import LeaseTable
 from .output import FileTarget, output_error
+from .warm import EncoderKey, WarmPool, open_in_memory
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +85,13 @@ class EncodeJob:
         slabs: list[np.ndarray],
         leases: LeaseTable,
         emit: Callable[[Progress], None],
+        warm: WarmPool | None = None,
     ) -> None:
         self.plan = plan
         self._slabs = slabs
         self._leases = leases
         self._emit = emit
+        self._warm = warm
         self.cancel = threading.Event()
         self.threads = plan.threads  # 0 until the service picks a count
         self.thread_type = "FRAME"
@@ -103,16 +106,15 @@ class EncodeJob:
         encoder: VideoEncoder | None = None
         self.started = True
         try:
-            if plan.target is None:
-                memfd = os.memfd_create(f"video-sidecar-{plan.request_id[:16]}", os.MFD_CLOEXEC)
-                sink = f"/proc/self/fd/{memfd}"
-            else:
-                sink = str(plan.target.open_temp())
-            encoder = VideoEncoder(sink, plan.geometry, plan.codec, self.threads, self.thread_type)
+            encoder, memfd = self._open()
             self._encode_ranges(encoder, uses)
             encoder.close()
             t0 = time.perf_counter()
             if plan.target is not None:
+                if memfd is not None:  # a short clip encoded in memory: write it out
+                    self._write(memfd, plan.target)
+                    os.close(memfd)
+                    memfd = None
                 path = str(plan.target.commit())
                 size = os.stat(path).st_size
             else:
@@ -153,6 +155,39 @@ class EncodeJob:
             },
         )
         return outcome
+
+    @property
+    def key(self) -> EncoderKey:
+        return EncoderKey.of(self.plan.geometry, self.plan.codec, self.threads, self.thread_type)
+
+    @property
+    def warmable(self) -> bool:
+        return self._warm is not None and self._warm.eligible(
+            self.plan.geometry, self.plan.frames_total
+        )
+
+    def _open(self) -> tuple[VideoEncoder, int | None]:
+        """A ready encoder if one waits for these settings, else a fresh one."""
+        plan = self.plan
+        if self.warmable:
+            assert self._warm is not None
+            warm = self._warm.take(self.key)
+            if warm is not None:
+                warm.encoder.timings.open = 0.0  # paid before this request arrived
+                return warm.encoder, warm.memfd
+        if plan.target is None or self.warmable:
+            fresh = open_in_memory(plan.geometry, plan.codec, self.threads, self.thread_type)
+            return fresh.encoder, fresh.memfd
+        sink = str(plan.target.open_temp())
+        return VideoEncoder(sink, plan.geometry, plan.codec, self.threads, self.thread_type), None
+
+    @staticmethod
+    def _write(memfd: int, target: FileTarget) -> None:
+        size = os.fstat(memfd).st_size
+        with open(target.open_temp(), "wb") as out:
+            sent = 0
+            while sent < size:
+                sent += os.sendfile(out.fileno(), memfd, sent, size - sent)
 
     def _encode_ranges(self, encoder: VideoEncoder, uses: Counter[str]) -> None:
         total = self.plan.frames_total

@@ -36,6 +36,7 @@ from .jobs import EncodeJob, EncodeOutcome, EncodePlan, Progress
 from .leases import Lease, LeaseTable, PoolUsage
 from .output import FileTarget
 from .shm import Slab, SlabSet
+from .warm import WarmPool, warm_up
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +133,8 @@ class StatusReport:
     stats: Stats
     leases_granted: int
     leases_expired: int
+    warm_hits: int = 0
+    warm_misses: int = 0
 
 
 class Sidecar:
@@ -153,6 +156,8 @@ class Sidecar:
             ttl=config.lease_ttl,
         )
         self.output_root = Path(config.output_dir)
+        self.warm = WarmPool(config.warm_encoders)
+        self._warm_executor: ThreadPoolExecutor | None = None
         self.stats = Stats()
         self._clients: dict[str, ClientInfo] = {}
         self._started_at = time.monotonic()
@@ -179,6 +184,7 @@ class Sidecar:
             max_workers=self.config.max_concurrent_encodes, thread_name_prefix="encode"
         )
         self._slots = asyncio.Semaphore(self.config.max_concurrent_encodes)
+        self._warm_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="warm")
         self._reaper = asyncio.create_task(self._reap_expired(), name="lease-reaper")
         self._accepting = True
 
@@ -216,6 +222,9 @@ class Sidecar:
                 await self._reaper
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
+        if self._warm_executor is not None:
+            self._warm_executor.shutdown(wait=True, cancel_futures=True)
+        self.warm.close()
         self.slabset.close()
 
     # -- clients and leases --------------------------------------------------------------
@@ -326,7 +335,9 @@ class Sidecar:
         def emit(event: Progress) -> None:  # called on the encoder thread
             loop.call_soon_threadsafe(events.put_nowait, event)
 
-        job = EncodeJob(plan, [slab.array for slab in self.slabset.slabs], self.leases, emit)
+        job = EncodeJob(
+            plan, [slab.array for slab in self.slabset.slabs], self.leases, emit, self.warm
+        )
         runner = asyncio.create_task(self._run(job), name=f"encode-{spec.request_id}")
         self._running.add(runner)
         runner.add_done_callback(self._running.discard)
@@ -402,13 +413,15 @@ class Sidecar:
                     job.threads, job.thread_type = self._threading(job)
                     future = self._loop.run_in_executor(self._executor, job.run)
                     try:
-                        return await asyncio.shield(future)
+                        outcome = await asyncio.shield(future)
                     except asyncio.CancelledError:
                         # Never free leases under a running thread: stop it and wait.
                         job.cancel.set()
                         with contextlib.suppress(BaseException):
                             await future
                         raise
+                    self._prepare_next(job)
+                    return outcome
                 finally:
                     self._active -= 1
         finally:
@@ -417,6 +430,17 @@ class Sidecar:
             self._jobs.discard(job)
             if not job.started:  # a job that never ran still owns its leases
                 self.leases.free([r.lease for r in job.plan.ranges])
+
+    def _prepare_next(self, job: EncodeJob) -> None:
+        """Open the next encoder for these settings in the background (short clips only)."""
+        if not job.warmable or self._warm_executor is None:
+            return
+        plan, threads, thread_type = job.plan, job.threads, job.thread_type
+        self._warm_executor.submit(
+            self.warm.fill,
+            job.key,
+            lambda: warm_up(plan.geometry, plan.codec, threads, thread_type),
+        )
 
     def _threading(self, job: EncodeJob) -> tuple[int, str]:
         """Threads for a job: the request's or config's count, else a share of the cores."""
@@ -442,6 +466,8 @@ class Sidecar:
             stats=self.stats,
             leases_granted=self.leases.granted,
             leases_expired=self.leases.expired,
+            warm_hits=self.warm.hits,
+            warm_misses=self.warm.misses,
         )
 
     def _check_accepting(self) -> None:

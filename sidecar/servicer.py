@@ -272,5 +272,7 @@ def status_to_proto(s: StatusReport) -> pb.StatusResponse:
             leases_granted=s.leases_granted,
             leases_expired=s.leases_expired,
             errors=dict(s.stats.errors),
+            warm_hits=s.warm_hits,
+            warm_misses=s.warm_misses,
         ),
     )

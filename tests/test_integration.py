@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import time
 from fractions import Fraction
 from pathlib import Path
 
@@ -239,3 +240,24 @@ def test_daemon_refuses_second_instance_on_same_prefix(daemon: Daemon) -> None:
         twin.cleanup()
     with daemon.client() as c:
         assert c.health() == "SERVING"
+
+
+def test_warm_encoders_change_nothing_but_time(make_daemon, video: np.ndarray) -> None:
+    """Repeated short clips find an encoder opened ahead of time; the bytes are the same."""
+    cold = make_daemon(warm_encoders=0)
+    warm = make_daemon(warm_encoders=2)
+    clip = video[:6]
+    with cold.client() as c:
+        reference = c.encode(clip, threads=1).data
+        assert c.status().counters["warm_hits"] == 0
+    with warm.client() as c:
+        outputs = []
+        for _ in range(4):
+            outputs.append(c.encode(clip, threads=1).data)
+            time.sleep(0.2)  # the next encoder opens in the background
+        saved = c.encode(clip, threads=1, path="warm/clip.mp4")
+        counters = c.status().counters
+    assert all(out == reference for out in outputs)
+    assert Path(saved.path or "").read_bytes() == reference
+    assert counters["warm_hits"] >= 3
+    assert not [p for p in Path(saved.path or "").parent.iterdir() if p.name.startswith(".")]

@@ -303,7 +303,7 @@ class PoolStatus(_message.Message):
     def __init__(self, slabs: _Optional[int] = ..., slab_size: _Optional[int] = ..., total_bytes: _Optional[int] = ..., leased_bytes: _Optional[int] = ..., active_leases: _Optional[int] = ..., largest_free: _Optional[int] = ...) -> None: ...
 
 class Counters(_message.Message):
-    __slots__ = ("requests", "encodes_ok", "encodes_failed", "frames_encoded", "bytes_out", "leases_granted", "leases_expired", "errors")
+    __slots__ = ("requests", "encodes_ok", "encodes_failed", "frames_encoded", "bytes_out", "leases_granted", "leases_expired", "errors", "warm_hits", "warm_misses")
     class ErrorsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -319,6 +319,8 @@ class Counters(_message.Message):
     LEASES_GRANTED_FIELD_NUMBER: _ClassVar[int]
     LEASES_EXPIRED_FIELD_NUMBER: _ClassVar[int]
     ERRORS_FIELD_NUMBER: _ClassVar[int]
+    WARM_HITS_FIELD_NUMBER: _ClassVar[int]
+    WARM_MISSES_FIELD_NUMBER: _ClassVar[int]
     requests: int
     encodes_ok: int
     encodes_failed: int
@@ -327,7 +329,9 @@ class Counters(_message.Message):
     leases_granted: int
     leases_expired: int
     errors: _containers.ScalarMap[str, int]
-    def __init__(self, requests: _Optional[int] = ..., encodes_ok: _Optional[int] = ..., encodes_failed: _Optional[int] = ..., frames_encoded: _Optional[int] = ..., bytes_out: _Optional[int] = ..., leases_granted: _Optional[int] = ..., leases_expired: _Optional[int] = ..., errors: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    warm_hits: int
+    warm_misses: int
+    def __init__(self, requests: _Optional[int] = ..., encodes_ok: _Optional[int] = ..., encodes_failed: _Optional[int] = ..., frames_encoded: _Optional[int] = ..., bytes_out: _Optional[int] = ..., leases_granted: _Optional[int] = ..., leases_expired: _Optional[int] = ..., errors: _Optional[_Mapping[str, int]] = ..., warm_hits: _Optional[int] = ..., warm_misses: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
     __slots__ = ("server_version", "instance_id", "uptime_s", "pool", "active_encodes", "queued_encodes", "max_concurrent_encodes", "clients", "counters")
