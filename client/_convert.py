@@ -26,6 +26,7 @@ _KG = 1 - _KR - _KB
 Y_ROW = (219 / 255 * _KR, 219 / 255 * _KG, 219 / 255 * _KB)
 U_ROW = tuple(224 / 255 * c for c in (-_KR / (2 - 2 * _KB), -_KG / (2 - 2 * _KB), 0.5))
 V_ROW = tuple(224 / 255 * c for c in (0.5, -_KG / (2 - 2 * _KR), -_KB / (2 - 2 * _KR)))
+UV_COLUMNS = [[u, v] for u, v in zip(U_ROW, V_ROW, strict=True)]
 
 
 def dtype_name(array: Any) -> str:
@@ -137,7 +138,7 @@ def rgb_to_yuv420(rgb: Any, ops: Ops, nv12: bool) -> Any:
     y = rgb @ ops.matrix(Y_ROW, rgb)
     y += 16
     half = ops.mean(rgb.reshape(k, h // 2, 2, w // 2, 2, 3), (2, 4))
-    uv = half @ ops.matrix(list(zip(U_ROW, V_ROW)), rgb)  # (k, H/2, W/2, 2)
+    uv = half @ ops.matrix(UV_COLUMNS, rgb)  # (k, H/2, W/2, 2)
     uv += 128
     y8, uv8 = ops.to_uint8(y), ops.to_uint8(uv)
     if nv12:
