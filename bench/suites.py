@@ -320,16 +320,16 @@ def throughput(
     options = {"max_concurrent_encodes": clients, **pool_for(w * h * 3, t, copies=clients)}
     with daemon(**options) as d:
         for name, fmt in (("sidecar", None), ("sidecar_yuv", "yuv420p")):
-            local = threading.local()
+            go = threading.Barrier(clients + 1)
 
-            def work(fmt: str | None = fmt, local: Any = local) -> None:
+            def work(fmt: str | None = fmt, go: threading.Barrier = go) -> None:
                 with SidecarClient(d.socket) as c:
-                    c.encode(host_video, pixel_format=fmt, **sidecar_options)  # warm
-                    local.ready.wait()
+                    c.encode(host_video, pixel_format=fmt, **sidecar_options)  # warm up
+                    go.wait()
                     for _ in range(requests):
                         c.encode(host_video, pixel_format=fmt, **sidecar_options)
 
-            rows.append(_concurrent(name, shape, clients, work, frames_total, local))
+            rows.append(_concurrent(name, shape, clients, work, frames_total, go))
     for r in rows:
         print(f"{r.shape:>14} {r.variant:<14} {r.extra['frames_per_s']:8.1f} frames/s "
               f"({clients} clients)", flush=True)  # fmt: skip
@@ -337,11 +337,9 @@ def throughput(
 
 
 def _concurrent(
-    name: str, shape: str, clients: int, work: Any, frames: int, local: Any = None
+    name: str, shape: str, clients: int, work: Any, frames: int, go: threading.Barrier | None = None
 ) -> Row:
-    barrier = threading.Event()
-    if local is not None:
-        local.ready = barrier
+    """Run `work` on `clients` threads; time from `go` (after their warm-up) to the last."""
     errors: list[BaseException] = []
 
     def run() -> None:
@@ -349,13 +347,15 @@ def _concurrent(
             work()
         except BaseException as exc:
             errors.append(exc)
+            if go is not None:
+                go.abort()
 
     threads = [threading.Thread(target=run) for _ in range(clients)]
     for th in threads:
         th.start()
-    time.sleep(0.5 if local is not None else 0)  # let the warm-up requests finish
+    if go is not None:
+        go.wait()  # every client has finished its warm-up request
     t0 = time.perf_counter()
-    barrier.set()
     for th in threads:
         th.join()
     elapsed = time.perf_counter() - t0

@@ -31,6 +31,7 @@ class Lease:
     size: int
     expires_at: float
     encoding: bool = False
+    spare: bool = False  # granted with a result for the client's next request
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ class LeaseTable:
 
     # -- granting and giving back --------------------------------------------------------
 
-    def grant(self, owner: str, size: int) -> Lease | None:
+    def grant(self, owner: str, size: int, *, spare: bool = False) -> Lease | None:
         """A lease of at least `size` bytes, or None if no slab has room right now."""
         if size <= 0:
             raise OutOfRange(f"lease size must be positive, got {size}")
@@ -90,6 +91,7 @@ class LeaseTable:
                         offset=offset,
                         size=length,
                         expires_at=self._clock() + self.ttl,
+                        spare=spare,
                     )
                     self._leases[lease.id] = lease
                     self.granted += 1

@@ -296,8 +296,8 @@ class Sidecar:
         interval = min(1.0, self.config.lease_ttl / 4)
         while True:
             await asyncio.sleep(interval)
-            expired = self.leases.expire()
-            if expired:
+            expired = [lease for lease in self.leases.expire() if not lease.spare]
+            if expired:  # an unused spare lease expiring is normal; these were written to
                 log.warning(
                     "reclaimed %d expired leases (clients gone or silent for %.0fs)",
                     len(expired),
@@ -366,7 +366,9 @@ class Sidecar:
             next_lease = None
             if spec.next_lease_bytes:
                 with contextlib.suppress(OutOfRange):
-                    next_lease = self.leases.grant(spec.client_token, spec.next_lease_bytes)
+                    next_lease = self.leases.grant(
+                        spec.client_token, spec.next_lease_bytes, spare=True
+                    )
             finished = True
             self.stats.encodes_ok += 1
             self.stats.frames_encoded += outcome.frames
