@@ -26,7 +26,6 @@ _KG = 1 - _KR - _KB
 Y_ROW = (219 / 255 * _KR, 219 / 255 * _KG, 219 / 255 * _KB)
 U_ROW = tuple(224 / 255 * c for c in (-_KR / (2 - 2 * _KB), -_KG / (2 - 2 * _KB), 0.5))
 V_ROW = tuple(224 / 255 * c for c in (0.5, -_KG / (2 - 2 * _KR), -_KB / (2 - 2 * _KR)))
-UV_COLUMNS = [[u, v] for u, v in zip(U_ROW, V_ROW, strict=True)]
 
 
 def dtype_name(array: Any) -> str:
@@ -113,11 +112,8 @@ class Ops:
     def cat(self, xs: list[Any], axis: int) -> Any:
         return self.torch.cat(xs, dim=axis) if self.torch else np.concatenate(xs, axis=axis)
 
-    def matrix(self, rows: Any, like: Any) -> Any:
-        """A float32 constant on the same device as `like`."""
-        if self.torch:
-            return self.torch.tensor(rows, dtype=self.torch.float32, device=like.device)
-        return np.asarray(rows, dtype=np.float32)
+    def stack(self, xs: list[Any], axis: int) -> Any:
+        return self.torch.stack(xs, dim=axis) if self.torch else np.stack(xs, axis=axis)
 
 
 def to_rgb_levels(batch: Any, ops: Ops, scale: float, offset: float, integer: bool) -> Any:
@@ -132,20 +128,20 @@ def to_rgb_levels(batch: Any, ops: Ops, scale: float, offset: float, integer: bo
 def rgb_to_yuv420(rgb: Any, ops: Ops, nv12: bool) -> Any:
     """(k,H,W,3) float levels -> (k,H*3/2,W) uint8, BT.709 limited, chroma averaged 2x2.
 
-    Written as two small matrix products so a GPU runs a handful of kernels per batch.
+    Elementwise on purpose: on a GPU, tiny (3x3) matrix products are slower than a few
+    fused-friendly multiply-adds over the planes.
     """
     k, h, w, _ = rgb.shape
-    y = rgb @ ops.matrix(Y_ROW, rgb)
-    y += 16
+    r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
+    y8 = ops.to_uint8(Y_ROW[0] * r + Y_ROW[1] * g + Y_ROW[2] * b + 16)
     half = ops.mean(rgb.reshape(k, h // 2, 2, w // 2, 2, 3), (2, 4))
-    uv = half @ ops.matrix(UV_COLUMNS, rgb)  # (k, H/2, W/2, 2)
-    uv += 128
-    y8, uv8 = ops.to_uint8(y), ops.to_uint8(uv)
+    hr, hg, hb = half[..., 0], half[..., 1], half[..., 2]
+    u8 = ops.to_uint8(U_ROW[0] * hr + U_ROW[1] * hg + U_ROW[2] * hb + 128)
+    v8 = ops.to_uint8(V_ROW[0] * hr + V_ROW[1] * hg + V_ROW[2] * hb + 128)
     if nv12:
-        chroma = uv8.reshape(k, -1)
+        chroma = ops.stack([u8, v8], axis=3).reshape(k, -1)
     else:
-        planar = uv8.permute(0, 3, 1, 2) if ops.torch else uv8.transpose(0, 3, 1, 2)
-        chroma = planar.reshape(k, -1)
+        chroma = ops.cat([u8.reshape(k, -1), v8.reshape(k, -1)], axis=1)
     # Planes end to end, seen as one (H*3/2, W) array: the layout PyAV borrows.
     return ops.cat([y8.reshape(k, -1), chroma], axis=1).reshape(k, h * 3 // 2, w)
 

@@ -14,7 +14,7 @@ import os
 import secrets
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,6 +85,9 @@ class Result:
     height: int
     timings_ms: dict[str, float]
     next_lease: Lease | None = None
+    # Work to do once the client has its answer (opening the next encoder ahead of time);
+    # done after, because opening an encoder holds the GIL for milliseconds.
+    after: Callable[[], None] | None = None
 
 
 Event = Progress | Chunk | Result
@@ -385,6 +388,7 @@ class Sidecar:
                 height=plan.geometry.height,
                 timings_ms=timings,
                 next_lease=next_lease,
+                after=(lambda: self._prepare_next(job)) if job.warmable else None,
             )
         except BaseException:
             if not finished:
@@ -422,7 +426,6 @@ class Sidecar:
                         with contextlib.suppress(BaseException):
                             await future
                         raise
-                    self._prepare_next(job)
                     return outcome
                 finally:
                     self._active -= 1

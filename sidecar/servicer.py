@@ -138,6 +138,8 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         try:
             spec = encode_spec_from_proto(request, request_id)
             async for event in self.sidecar.encode(spec, received_at):
+                if isinstance(event, Result) and event.after is not None:
+                    context.add_done_callback(_run_after(event.after))
                 yield event_to_proto(event, self.sidecar.config.lease_ttl)
         except SidecarError as exc:
             outcome = status_of(exc).name
@@ -150,6 +152,11 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
                 (time.perf_counter() - received_at) * 1e3,
                 extra={"request_id": request_id, "status": outcome},
             )
+
+
+def _run_after(action: Callable[[], None]) -> Callable[[Any], None]:
+    """A done-callback that runs `action` once the RPC has ended."""
+    return lambda _context: action()
 
 
 # -- conversions ---------------------------------------------------------------------------
