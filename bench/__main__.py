@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from . import suites
-from .common import SHAPES, Device, Row, git_commit, machine, write_json
+from .common import SHAPES, Device, Row, git_commit, machine, read_json, write_json
 from .report import markdown, plot
 
 
@@ -41,10 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--requests", type=int, default=3, help="throughput: requests per client")
     p.add_argument("--throughput-shape", default="1344x768x122")
     p.add_argument(
-        "--segments",
-        type=int,
-        default=0,
-        help="sidecar: GOP-aligned segments encoded in parallel (0: daemon's choice)",
+        "--from-json",
+        metavar="FILE",
+        help="print (and --plot) a recorded run instead of running anything",
     )
     p.add_argument("--json", metavar="FILE", help="write rows and metadata as JSON")
     p.add_argument("--markdown", metavar="FILE", help="write the tables as Markdown")
@@ -54,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.from_json:
+        meta, recorded = read_json(args.from_json)
+        print(markdown(meta, recorded))
+        if args.plot:
+            plot(recorded, args.plot, meta)
+        return 0
     device = Device(args.device)
     wanted = (
         {"e2e", "transfer", "throughput", "memory"}
@@ -61,8 +66,6 @@ def main(argv: list[str] | None = None) -> int:
         else set(args.suite.split(","))
     )
     sidecar_options: dict[str, Any] = {}
-    if args.segments:
-        sidecar_options["segments"] = args.segments
     rows: list[Row] = []
     started = datetime.datetime.now(datetime.timezone.utc)
     if "e2e" in wanted:

@@ -140,6 +140,11 @@ def write_json(path: str | Path, meta: dict[str, Any], rows: list[Row]) -> None:
     Path(path).write_text(json.dumps(payload, indent=2) + "\n")
 
 
+def read_json(path: str | Path) -> tuple[dict[str, Any], list[Row]]:
+    payload = json.loads(Path(path).read_text())
+    return payload["meta"], [Row(**row) for row in payload["rows"]]
+
+
 def encode_settings() -> dict[str, Any]:
     """The x264 settings every variant uses."""
     return {"codec": "libx264", "preset": "ultrafast", "crf": 18, "fps": 24}
