@@ -17,6 +17,19 @@ class PixelFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PIXEL_FORMAT_GRAY: _ClassVar[PixelFormat]
     PIXEL_FORMAT_YUV420P: _ClassVar[PixelFormat]
     PIXEL_FORMAT_NV12: _ClassVar[PixelFormat]
+
+class Container(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CONTAINER_UNSPECIFIED: _ClassVar[Container]
+    CONTAINER_MP4: _ClassVar[Container]
+    CONTAINER_FRAGMENTED_MP4: _ClassVar[Container]
+    CONTAINER_WEBM: _ClassVar[Container]
+
+class SampleFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SAMPLE_FORMAT_UNSPECIFIED: _ClassVar[SampleFormat]
+    SAMPLE_FORMAT_F32: _ClassVar[SampleFormat]
+    SAMPLE_FORMAT_S16: _ClassVar[SampleFormat]
 PIXEL_FORMAT_UNSPECIFIED: PixelFormat
 PIXEL_FORMAT_RGB24: PixelFormat
 PIXEL_FORMAT_BGR24: PixelFormat
@@ -24,6 +37,13 @@ PIXEL_FORMAT_RGBA: PixelFormat
 PIXEL_FORMAT_GRAY: PixelFormat
 PIXEL_FORMAT_YUV420P: PixelFormat
 PIXEL_FORMAT_NV12: PixelFormat
+CONTAINER_UNSPECIFIED: Container
+CONTAINER_MP4: Container
+CONTAINER_FRAGMENTED_MP4: Container
+CONTAINER_WEBM: Container
+SAMPLE_FORMAT_UNSPECIFIED: SampleFormat
+SAMPLE_FORMAT_F32: SampleFormat
+SAMPLE_FORMAT_S16: SampleFormat
 
 class AttachRequest(_message.Message):
     __slots__ = ("client_name", "pid")
@@ -187,28 +207,112 @@ class BytesOutput(_message.Message):
     def __init__(self) -> None: ...
 
 class OutputSpec(_message.Message):
-    __slots__ = ("bytes", "file")
+    __slots__ = ("bytes", "file", "container")
     BYTES_FIELD_NUMBER: _ClassVar[int]
     FILE_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_FIELD_NUMBER: _ClassVar[int]
     bytes: BytesOutput
     file: FileOutput
-    def __init__(self, bytes: _Optional[_Union[BytesOutput, _Mapping]] = ..., file: _Optional[_Union[FileOutput, _Mapping]] = ...) -> None: ...
+    container: Container
+    def __init__(self, bytes: _Optional[_Union[BytesOutput, _Mapping]] = ..., file: _Optional[_Union[FileOutput, _Mapping]] = ..., container: _Optional[_Union[Container, str]] = ...) -> None: ...
+
+class AudioSpec(_message.Message):
+    __slots__ = ("sample_rate", "channels", "sample_format")
+    SAMPLE_RATE_FIELD_NUMBER: _ClassVar[int]
+    CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    sample_rate: int
+    channels: int
+    sample_format: SampleFormat
+    def __init__(self, sample_rate: _Optional[int] = ..., channels: _Optional[int] = ..., sample_format: _Optional[_Union[SampleFormat, str]] = ...) -> None: ...
+
+class AudioData(_message.Message):
+    __slots__ = ("range", "inline")
+    RANGE_FIELD_NUMBER: _ClassVar[int]
+    INLINE_FIELD_NUMBER: _ClassVar[int]
+    range: AudioRange
+    inline: bytes
+    def __init__(self, range: _Optional[_Union[AudioRange, _Mapping]] = ..., inline: _Optional[bytes] = ...) -> None: ...
+
+class AudioRange(_message.Message):
+    __slots__ = ("lease_id", "offset", "size")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    offset: int
+    size: int
+    def __init__(self, lease_id: _Optional[str] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
 
 class EncodeRequest(_message.Message):
-    __slots__ = ("client_token", "request_id", "video", "codec", "output", "next_lease_bytes")
+    __slots__ = ("client_token", "request_id", "video", "codec", "output", "next_lease_bytes", "audio", "audio_data")
     CLIENT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     VIDEO_FIELD_NUMBER: _ClassVar[int]
     CODEC_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
     NEXT_LEASE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_DATA_FIELD_NUMBER: _ClassVar[int]
     client_token: str
     request_id: str
     video: VideoDescriptor
     codec: CodecOptions
     output: OutputSpec
     next_lease_bytes: int
-    def __init__(self, client_token: _Optional[str] = ..., request_id: _Optional[str] = ..., video: _Optional[_Union[VideoDescriptor, _Mapping]] = ..., codec: _Optional[_Union[CodecOptions, _Mapping]] = ..., output: _Optional[_Union[OutputSpec, _Mapping]] = ..., next_lease_bytes: _Optional[int] = ...) -> None: ...
+    audio: AudioSpec
+    audio_data: _containers.RepeatedCompositeFieldContainer[AudioData]
+    def __init__(self, client_token: _Optional[str] = ..., request_id: _Optional[str] = ..., video: _Optional[_Union[VideoDescriptor, _Mapping]] = ..., codec: _Optional[_Union[CodecOptions, _Mapping]] = ..., output: _Optional[_Union[OutputSpec, _Mapping]] = ..., next_lease_bytes: _Optional[int] = ..., audio: _Optional[_Union[AudioSpec, _Mapping]] = ..., audio_data: _Optional[_Iterable[_Union[AudioData, _Mapping]]] = ...) -> None: ...
+
+class StreamHeader(_message.Message):
+    __slots__ = ("client_token", "request_id", "width", "height", "pixel_format", "fps", "codec", "output", "audio", "audio_data")
+    CLIENT_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    PIXEL_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    FPS_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_DATA_FIELD_NUMBER: _ClassVar[int]
+    client_token: str
+    request_id: str
+    width: int
+    height: int
+    pixel_format: PixelFormat
+    fps: Rational
+    codec: CodecOptions
+    output: OutputSpec
+    audio: AudioSpec
+    audio_data: _containers.RepeatedCompositeFieldContainer[AudioData]
+    def __init__(self, client_token: _Optional[str] = ..., request_id: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., pixel_format: _Optional[_Union[PixelFormat, str]] = ..., fps: _Optional[_Union[Rational, _Mapping]] = ..., codec: _Optional[_Union[CodecOptions, _Mapping]] = ..., output: _Optional[_Union[OutputSpec, _Mapping]] = ..., audio: _Optional[_Union[AudioSpec, _Mapping]] = ..., audio_data: _Optional[_Iterable[_Union[AudioData, _Mapping]]] = ...) -> None: ...
+
+class StreamChunk(_message.Message):
+    __slots__ = ("range", "inline")
+    RANGE_FIELD_NUMBER: _ClassVar[int]
+    INLINE_FIELD_NUMBER: _ClassVar[int]
+    range: FrameRange
+    inline: bytes
+    def __init__(self, range: _Optional[_Union[FrameRange, _Mapping]] = ..., inline: _Optional[bytes] = ...) -> None: ...
+
+class StreamEnd(_message.Message):
+    __slots__ = ("audio_data", "next_lease_bytes")
+    AUDIO_DATA_FIELD_NUMBER: _ClassVar[int]
+    NEXT_LEASE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    audio_data: _containers.RepeatedCompositeFieldContainer[AudioData]
+    next_lease_bytes: int
+    def __init__(self, audio_data: _Optional[_Iterable[_Union[AudioData, _Mapping]]] = ..., next_lease_bytes: _Optional[int] = ...) -> None: ...
+
+class StreamRequest(_message.Message):
+    __slots__ = ("header", "chunk", "end")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    header: StreamHeader
+    chunk: StreamChunk
+    end: StreamEnd
+    def __init__(self, header: _Optional[_Union[StreamHeader, _Mapping]] = ..., chunk: _Optional[_Union[StreamChunk, _Mapping]] = ..., end: _Optional[_Union[StreamEnd, _Mapping]] = ...) -> None: ...
 
 class Progress(_message.Message):
     __slots__ = ("frames_done", "frames_total")
@@ -247,7 +351,8 @@ class StageTimings(_message.Message):
     def __init__(self, queue_ms: _Optional[float] = ..., validate_ms: _Optional[float] = ..., convert_ms: _Optional[float] = ..., encode_ms: _Optional[float] = ..., mux_ms: _Optional[float] = ..., finalize_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., open_ms: _Optional[float] = ...) -> None: ...
 
 class EncodeResult(_message.Message):
-    __slots__ = ("request_id", "path", "size_bytes", "frames", "duration_s", "codec", "container", "width", "height", "timings", "next_lease")
+    __slots__ = ("audio_samples", "request_id", "path", "size_bytes", "frames", "duration_s", "codec", "container", "width", "height", "timings", "next_lease")
+    AUDIO_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -259,6 +364,7 @@ class EncodeResult(_message.Message):
     HEIGHT_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     NEXT_LEASE_FIELD_NUMBER: _ClassVar[int]
+    audio_samples: int
     request_id: str
     path: str
     size_bytes: int
@@ -270,7 +376,7 @@ class EncodeResult(_message.Message):
     height: int
     timings: StageTimings
     next_lease: LeaseResponse
-    def __init__(self, request_id: _Optional[str] = ..., path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., frames: _Optional[int] = ..., duration_s: _Optional[float] = ..., codec: _Optional[str] = ..., container: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., next_lease: _Optional[_Union[LeaseResponse, _Mapping]] = ...) -> None: ...
+    def __init__(self, audio_samples: _Optional[int] = ..., request_id: _Optional[str] = ..., path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., frames: _Optional[int] = ..., duration_s: _Optional[float] = ..., codec: _Optional[str] = ..., container: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., next_lease: _Optional[_Union[LeaseResponse, _Mapping]] = ...) -> None: ...
 
 class EncodeEvent(_message.Message):
     __slots__ = ("progress", "chunk", "result")

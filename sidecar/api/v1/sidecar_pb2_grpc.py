@@ -55,6 +55,11 @@ class VideoSidecarStub:
                 request_serializer=video__sidecar_dot_v1_dot_sidecar__pb2.EncodeRequest.SerializeToString,
                 response_deserializer=video__sidecar_dot_v1_dot_sidecar__pb2.EncodeEvent.FromString,
                 _registered_method=True)
+        self.EncodeStream = channel.stream_stream(
+                '/video_sidecar.v1.VideoSidecar/EncodeStream',
+                request_serializer=video__sidecar_dot_v1_dot_sidecar__pb2.StreamRequest.SerializeToString,
+                response_deserializer=video__sidecar_dot_v1_dot_sidecar__pb2.EncodeEvent.FromString,
+                _registered_method=True)
         self.Status = channel.unary_unary(
                 '/video_sidecar.v1.VideoSidecar/Status',
                 request_serializer=video__sidecar_dot_v1_dot_sidecar__pb2.StatusRequest.SerializeToString,
@@ -97,6 +102,17 @@ class VideoSidecarServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EncodeStream(self, request_iterator, context):
+        """EncodeStream is one encode fed chunk by chunk: a header, then ordered chunks (frames in
+        a lease, or inline bytes when shared memory is out of reach), then an end message. One
+        encoder persists across chunks, and each chunk's lease is freed as soon as its frames
+        are encoded. Replies as Encode; fragmented MP4 and WebM bytes stream back while
+        encoding.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Status(self, request, context):
         """Status reports pool occupancy, encodes in flight and counters.
         """
@@ -125,6 +141,11 @@ def add_VideoSidecarServicer_to_server(servicer, server):
             'Encode': grpc.unary_stream_rpc_method_handler(
                     servicer.Encode,
                     request_deserializer=video__sidecar_dot_v1_dot_sidecar__pb2.EncodeRequest.FromString,
+                    response_serializer=video__sidecar_dot_v1_dot_sidecar__pb2.EncodeEvent.SerializeToString,
+            ),
+            'EncodeStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.EncodeStream,
+                    request_deserializer=video__sidecar_dot_v1_dot_sidecar__pb2.StreamRequest.FromString,
                     response_serializer=video__sidecar_dot_v1_dot_sidecar__pb2.EncodeEvent.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
@@ -240,6 +261,33 @@ class VideoSidecar:
             target,
             '/video_sidecar.v1.VideoSidecar/Encode',
             video__sidecar_dot_v1_dot_sidecar__pb2.EncodeRequest.SerializeToString,
+            video__sidecar_dot_v1_dot_sidecar__pb2.EncodeEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EncodeStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/video_sidecar.v1.VideoSidecar/EncodeStream',
+            video__sidecar_dot_v1_dot_sidecar__pb2.StreamRequest.SerializeToString,
             video__sidecar_dot_v1_dot_sidecar__pb2.EncodeEvent.FromString,
             options,
             channel_credentials,

@@ -1,0 +1,26 @@
+"""The README documents every setting and the commands CI relies on."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+from sidecar.config import Config
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+CI = (Path(__file__).resolve().parent.parent / ".ci" / "run").read_text()
+
+
+def test_every_setting_is_in_the_configuration_table() -> None:
+    for f in dataclasses.fields(Config):
+        assert Config.flag_name(f.name) in README, f.name
+        assert Config.env_name(f.name).removesuffix("_HEIGHT") in README, f.name
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    commands = re.findall(r"```sh\n(python3 -m venv[^\n]+)\n```", README)
+    assert len(commands) == 2, "the README shows two commands: the demo and the tests"
+    demo, tests = commands
+    assert "video-sidecar demo" in demo
+    assert tests in CI
