@@ -15,11 +15,13 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import BinaryIO
 
 import av
 import numpy as np
 from av.video.reformatter import ColorRange, Colorspace, VideoReformatter
 
+from .audio import AudioFormat, AudioTrack
 from .errors import InvalidRequest
 from .frames import Geometry
 
@@ -33,6 +35,7 @@ X26X_PRESETS = (
     "medium", "slow", "slower", "veryslow", "placebo",
 )  # fmt: skip
 SVT_AV1_PRESETS = tuple(str(n) for n in range(-1, 14))
+VP9_DEADLINES = ("realtime", "good", "best")
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,8 @@ class CodecChoice:
     default_crf: int
     max_crf: int
     quiet: Mapping[str, str] = field(default_factory=dict)
+    preset_option: str = "preset"
+    containers: tuple[str, ...] = ("mp4", "fmp4")
 
 
 CODECS: dict[str, CodecChoice] = {
@@ -52,9 +57,24 @@ CODECS: dict[str, CodecChoice] = {
         "h265", "libx265", X26X_PRESETS, "ultrafast", 20, 51, {"x265-params": "log-level=error"}
     ),
     "av1": CodecChoice("av1", "libsvtav1", SVT_AV1_PRESETS, "10", 30, 63),
+    # Constant quality needs b=0; row-mt and cpu-used 8 keep realtime VP9 fast.
+    "vp9": CodecChoice(
+        "vp9",
+        "libvpx-vp9",
+        VP9_DEADLINES,
+        "realtime",
+        32,
+        63,
+        {"b": "0", "cpu-used": "8", "row-mt": "1"},
+        preset_option="deadline",
+        containers=("webm",),
+    ),
 }
+CONTAINERS = {"mp4": "mp4", "fmp4": "mp4", "webm": "webm"}
+AUDIO_CODECS = {"mp4": "aac", "fmp4": "aac", "webm": "libopus"}
+DEFAULT_CODEC = {"mp4": "h264", "fmp4": "h264", "webm": "vp9"}
 ALIASES = {
-    "": "h264",
+    "libvpx-vp9": "vp9",
     "avc": "h264",
     "x264": "h264",
     "libx264": "h264",
@@ -72,19 +92,24 @@ _OPTION_KEY_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 class CodecSpec:
     """What the client asked for; `resolve()` checks it and fills in defaults."""
 
-    codec: str = "h264"
+    codec: str = ""  # empty: the container's default (h264 in MP4, vp9 in WebM)
     crf: int | None = None
     preset: str = ""
     gop: int | None = None
     threads: int = 0
     extra: tuple[tuple[str, str], ...] = ()
 
-    def resolve(self) -> ResolvedCodec:
-        key = self.codec.strip().lower()
+    def resolve(self, container: str = "mp4") -> ResolvedCodec:
+        key = self.codec.strip().lower() or DEFAULT_CODEC[container]
         choice = CODECS.get(ALIASES.get(key, key))
         if choice is None:
             raise InvalidRequest(
                 "codec.codec", f"unknown codec {self.codec[:32]!r}; use one of {', '.join(CODECS)}"
+            )
+        if container not in choice.containers:
+            raise InvalidRequest(
+                "codec.codec",
+                f"{choice.name} does not go in {container}; use {DEFAULT_CODEC[container]}",
             )
         crf = choice.default_crf if self.crf is None else self.crf
         if not 0 <= crf <= choice.max_crf:
@@ -104,7 +129,7 @@ class CodecSpec:
             raise InvalidRequest("codec.threads", f"{self.threads} is outside 0..256")
         if len(self.extra) > 32:
             raise InvalidRequest("codec.extra", "at most 32 options")
-        options = {"preset": preset, "crf": str(crf), **choice.quiet}
+        options = {choice.preset_option: preset, "crf": str(crf), **choice.quiet}
         for k, v in self.extra:
             if not _OPTION_KEY_RE.match(k):
                 raise InvalidRequest("codec.extra", f"{k[:40]!r} is not an option name")
@@ -138,6 +163,23 @@ def threading_for(frames: int, height: int, cores: int) -> tuple[int, str]:
     return max(1, min(cores, frames)), "FRAME"
 
 
+def container_options(
+    container: str, sink: str | BinaryIO, audio: AudioFormat | None
+) -> dict[str, str]:
+    options: dict[str, str] = {}
+    if container == "fmp4":
+        # Short fragments, so the first bytes reach the client early.
+        options["movflags"] = "frag_keyframe+empty_moov+default_base_moof"
+        options["frag_duration"] = "500000"
+        options["use_editlist"] = "1"  # so players skip the AAC priming samples
+    elif container == "mp4" and isinstance(sink, str):
+        options["movflags"] = "+faststart"
+    if audio is not None and container != "fmp4":
+        # Audio may arrive only at the end: hold video packets so the two interleave.
+        options["max_interleave_delta"] = "0"
+    return options
+
+
 @dataclass
 class EncodeTimings:
     open: float = 0.0
@@ -148,24 +190,31 @@ class EncodeTimings:
 
 
 class VideoEncoder:
-    """One output: an MP4 container with a single video stream, fed borrowed frames.
+    """One output container (MP4, fragmented MP4 or WebM): a video stream fed borrowed
+    frames, and optionally an audio track that follows it.
 
     `sink` is a path FFmpeg opens itself (a file, or /proc/self/fd/N of a memfd), so the
-    muxer can rewrite the header for faststart and no Python I/O sits in the hot loop.
+    muxer can rewrite the header for faststart and no Python I/O sits in the hot loop; or,
+    for fragmented MP4 streamed back while encoding, a writable object.
     """
 
     def __init__(
         self,
-        sink: str,
+        sink: str | BinaryIO,
         geometry: Geometry,
         codec: ResolvedCodec,
         threads: int,
         thread_type: str = "FRAME",
+        *,
+        container: str = "mp4",
+        audio: AudioFormat | None = None,
     ) -> None:
         self.geometry = geometry
         self.codec = codec
+        self.container = container
         self.frames = 0
         self.timings = EncodeTimings()
+        self.audio: AudioTrack | None = None
         self._layout = geometry.layout
         self._needs_convert = self._layout.name != "yuv420p"
         # PyAV mis-sizes borrowed 4:2:0 frames whose height is not a multiple of 4.
@@ -173,9 +222,16 @@ class VideoEncoder:
         self._reformatter = VideoReformatter()
         self._convert_threads = max(1, min(threads, 8)) if threads else 1
         t0 = time.perf_counter()
-        self._container = av.open(sink, "w", format="mp4", options={"movflags": "+faststart"})
+        self._container = av.open(
+            sink,
+            "w",
+            format=CONTAINERS[container],
+            options=container_options(container, sink, audio),
+        )
         try:
             self._stream = self._add_stream(threads, thread_type)
+            if audio is not None:
+                self.audio = AudioTrack.add_to(self._container, audio, AUDIO_CODECS[container])
         except BaseException:
             self._container.close()
             raise
@@ -244,18 +300,28 @@ class VideoEncoder:
         packets = self._stream.encode(frame)
         t2 = time.perf_counter()
         self._container.mux(packets)
-        t3 = time.perf_counter()
         self.frames += 1
+        if self.audio is not None:
+            self._container.mux(self.audio.encode_until(self.duration))
+        t3 = time.perf_counter()
         self.timings.convert += t1 - t0
         self.timings.encode += t2 - t1
         self.timings.mux += t3 - t2
 
+    def set_audio(self, pcm: np.ndarray) -> None:
+        """All the track's samples, (samples, channels) float32; may come at any time."""
+        if self.audio is None:
+            raise InvalidRequest("audio_data", "audio samples sent but no audio track declared")
+        self.audio.pcm = pcm
+
     def close(self) -> None:
-        """Drain the encoder and finish the container (writes the index up front)."""
+        """Drain the encoders and finish the container (MP4: the index goes up front)."""
         t0 = time.perf_counter()
         packets = self._stream.encode(None)
         t1 = time.perf_counter()
         self._container.mux(packets)
+        if self.audio is not None:
+            self._container.mux(self.audio.finish(self.duration))
         t2 = time.perf_counter()
         self._container.close()
         t3 = time.perf_counter()

@@ -1,9 +1,9 @@
-"""One encode request, run to completion on an encoder thread.
+"""One encode, run to completion on an encoder thread.
 
-The job walks its frame ranges in order, feeds borrowed views to the encoder, frees each
-lease the moment its last frame has been encoded, and places the output. Whatever way it
-ends (done, failed, cancelled), every lease it was given is freed and no partial file
-is left behind.
+The job takes pieces from its feed in order (ranges in leases, or inline frames), hands
+borrowed views to the encoder, and frees each lease the moment its last frame is inside
+the encoder. Whatever way it ends (done, failed, cancelled), every lease it was given is
+freed, or handed back to the client if nothing was read, and no partial file is left.
 """
 
 from __future__ import annotations
@@ -13,17 +13,18 @@ import logging
 import os
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import BinaryIO
 
 import av
 import numpy as np
 
+from .audio import AudioFormat
 from .encoder import ResolvedCodec, VideoEncoder
 from .errors import Cancelled, EncodeFailed, SidecarError
+from .feed import End, FrameFeed, InlineFrames, Piece
 from .frames import Geometry, PlacedRange, borrow_frames
-from .leases import LeaseTable
 from .output import FileTarget, output_error
 from .warm import EncoderKey, WarmPool, open_in_memory
 
@@ -35,36 +36,49 @@ PROGRESS_INTERVAL = 0.25  # seconds between progress events
 @dataclass(frozen=True)
 class Progress:
     frames_done: int
-    frames_total: int
+    frames_total: int  # 0 while a stream is still arriving
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A piece of the output file, in order, at most 1 MiB."""
+
+    offset: int
+    data: bytes
 
 
 @dataclass(frozen=True)
 class EncodePlan:
     request_id: str
     geometry: Geometry
-    ranges: list[PlacedRange]
     codec: ResolvedCodec
-    target: FileTarget | None  # None: bytes, returned in memory
+    target: FileTarget | None  # None: bytes, returned in memory or streamed
     threads: int
+    container: str = "mp4"
+    audio: AudioFormat | None = None
+    frames_total: int = 0  # known up front for a whole-video Encode
 
     @property
-    def frames_total(self) -> int:
-        return sum(r.frame_count for r in self.ranges)
+    def streams_bytes(self) -> bool:
+        """Fragmented MP4 to bytes goes back while encoding; the rest when complete."""
+        return self.target is None and self.container == "fmp4"
 
 
 @dataclass
 class EncodeOutcome:
-    """What a finished job produced. For bytes outputs `memfd` holds the file."""
+    """What a finished job produced. For bytes outputs not yet sent, `memfd` holds them."""
 
     frames: int
     duration_s: float
     size_bytes: int
     path: str
     memfd: int | None
+    audio_samples: int
     timings_ms: dict[str, float]
 
     def read_chunks(self, chunk_size: int) -> list[tuple[int, bytes]]:
-        assert self.memfd is not None
+        if self.memfd is None:
+            return []
         return [
             (offset, os.pread(self.memfd, chunk_size, offset))
             for offset in range(0, self.size_bytes, chunk_size)
@@ -76,6 +90,23 @@ class EncodeOutcome:
             self.memfd = None
 
 
+class ChunkWriter:
+    """A write-only sink that hands each write back as a `Chunk` (fragmented MP4)."""
+
+    def __init__(self, emit: Callable[[Progress | Chunk], None], chunk_size: int) -> None:
+        self._emit = emit
+        self._chunk_size = chunk_size
+        self.offset = 0
+
+    def write(self, data: bytes) -> int:
+        view = memoryview(data)
+        for start in range(0, len(view), self._chunk_size):
+            piece = bytes(view[start : start + self._chunk_size])
+            self._emit(Chunk(self.offset, piece))
+            self.offset += len(piece)
+        return len(view)
+
+
 class EncodeJob:
     """Runs an `EncodePlan` on the calling thread. `cancel` may be set from anywhere."""
 
@@ -83,31 +114,37 @@ class EncodeJob:
         self,
         plan: EncodePlan,
         slabs: list[np.ndarray],
-        leases: LeaseTable,
-        emit: Callable[[Progress], None],
+        feed: FrameFeed,
+        emit: Callable[[Progress | Chunk], None],
         warm: WarmPool | None = None,
+        audio: np.ndarray | None = None,
+        chunk_size: int = 1024 * 1024,
     ) -> None:
         self.plan = plan
+        self.feed = feed
         self._slabs = slabs
-        self._leases = leases
         self._emit = emit
         self._warm = warm
+        self._audio = audio  # samples sent up front, if any
+        self._chunk_size = chunk_size
         self.cancel = threading.Event()
         self.threads = plan.threads  # 0 until the service picks a count
         self.thread_type = "FRAME"
         self.queue_s = 0.0
         self.started = False
 
+    # -- the run -------------------------------------------------------------------------
+
     def run(self) -> EncodeOutcome:
         plan = self.plan
-        owned = list({r.lease.id: r.lease for r in plan.ranges}.values())
-        uses = Counter(r.lease.id for r in plan.ranges)
         memfd: int | None = None
         encoder: VideoEncoder | None = None
         self.started = True
         try:
             encoder, memfd = self._open()
-            self._encode_ranges(encoder, uses)
+            if self._audio is not None:
+                encoder.set_audio(self._audio)
+            self._consume(encoder)
             encoder.close()
             t0 = time.perf_counter()
             if plan.target is not None:
@@ -118,9 +155,8 @@ class EncodeJob:
                 path = str(plan.target.commit())
                 size = os.stat(path).st_size
             else:
-                assert memfd is not None
                 path = ""
-                size = os.fstat(memfd).st_size
+                size = os.fstat(memfd).st_size if memfd is not None else self._streamed
             encoder.timings.finalize += time.perf_counter() - t0
         except BaseException as exc:
             if encoder is not None:
@@ -132,20 +168,21 @@ class EncodeJob:
             if encoder is None or encoder.frames == 0:
                 # Refused before reading a frame (e.g. the codec rejected an option):
                 # the client keeps its leases and may fix the request and retry.
-                self._leases.untake(owned)
+                self.feed.give_back_all()
             error = self._classify(exc)
             if error is exc:
                 raise
             raise error from exc
         finally:
-            self._leases.free([lease for lease in owned if lease.encoding])
+            self.feed.release_all()
         t = encoder.timings
-        outcome = EncodeOutcome(
+        return EncodeOutcome(
             frames=encoder.frames,
             duration_s=encoder.duration,
             size_bytes=size,
             path=path,
             memfd=memfd,
+            audio_samples=encoder.audio.sent if encoder.audio is not None else 0,
             timings_ms={
                 "open_ms": t.open * 1e3,
                 "convert_ms": t.convert * 1e3,
@@ -154,7 +191,37 @@ class EncodeJob:
                 "finalize_ms": t.finalize * 1e3,
             },
         )
-        return outcome
+
+    def _consume(self, encoder: VideoEncoder) -> None:
+        done = 0
+        last_report = time.monotonic()
+        while True:
+            piece = self.feed.get(self.cancel)
+            if piece is None:
+                raise Cancelled("cancelled by the client")
+            if isinstance(piece, End):
+                if piece.audio is not None:
+                    encoder.set_audio(piece.audio)
+                return
+            for image in self._frames_of(piece):
+                if self.cancel.is_set():
+                    raise Cancelled("cancelled by the client")
+                encoder.encode(image)
+                done += 1
+                now = time.monotonic()
+                if now - last_report >= PROGRESS_INTERVAL:
+                    self._emit(Progress(done, self.plan.frames_total))
+                    last_report = now
+            # Every frame of this piece is inside the encoder: its lease can go.
+            self.feed.consumed(piece)
+
+    def _frames_of(self, piece: Piece) -> np.ndarray:
+        if isinstance(piece, InlineFrames):
+            return piece.frames
+        assert isinstance(piece, PlacedRange)
+        return borrow_frames(self._slabs[piece.lease.slab_id], self.plan.geometry, piece)
+
+    # -- opening -------------------------------------------------------------------------
 
     @property
     def key(self) -> EncoderKey:
@@ -162,8 +229,13 @@ class EncodeJob:
 
     @property
     def warmable(self) -> bool:
-        return self._warm is not None and self._warm.eligible(
-            self.plan.geometry, self.plan.frames_total
+        plan = self.plan
+        return (
+            self._warm is not None
+            and plan.container == "mp4"
+            and plan.audio is None
+            and plan.frames_total > 0
+            and self._warm.eligible(plan.geometry, plan.frames_total)
         )
 
     def _open(self) -> tuple[VideoEncoder, int | None]:
@@ -175,11 +247,38 @@ class EncodeJob:
             if warm is not None:
                 warm.encoder.timings.open = 0.0  # paid before this request arrived
                 return warm.encoder, warm.memfd
-        if plan.target is None or self.warmable:
             fresh = open_in_memory(plan.geometry, plan.codec, self.threads, self.thread_type)
             return fresh.encoder, fresh.memfd
-        sink = str(plan.target.open_temp())
-        return VideoEncoder(sink, plan.geometry, plan.codec, self.threads, self.thread_type), None
+        sink: str | BinaryIO
+        memfd = None
+        if plan.streams_bytes:
+            self._writer = ChunkWriter(self._emit, self._chunk_size)
+            sink = self._writer  # type: ignore[assignment]
+        elif plan.target is None:
+            memfd = os.memfd_create("video-sidecar-out", os.MFD_CLOEXEC)
+            sink = f"/proc/self/fd/{memfd}"
+        else:
+            sink = str(plan.target.open_temp())
+        try:
+            encoder = VideoEncoder(
+                sink,
+                plan.geometry,
+                plan.codec,
+                self.threads,
+                self.thread_type,
+                container=plan.container,
+                audio=plan.audio,
+            )
+        except BaseException:
+            if memfd is not None:
+                os.close(memfd)
+            raise
+        return encoder, memfd
+
+    @property
+    def _streamed(self) -> int:
+        writer = getattr(self, "_writer", None)
+        return writer.offset if writer is not None else 0
 
     @staticmethod
     def _write(memfd: int, target: FileTarget) -> None:
@@ -188,28 +287,6 @@ class EncodeJob:
             sent = 0
             while sent < size:
                 sent += os.sendfile(out.fileno(), memfd, sent, size - sent)
-
-    def _encode_ranges(self, encoder: VideoEncoder, uses: Counter[str]) -> None:
-        total = self.plan.frames_total
-        done = 0
-        last_report = time.monotonic()
-        for placed in self.plan.ranges:
-            frames = borrow_frames(self._slabs[placed.lease.slab_id], self.plan.geometry, placed)
-            for index in range(placed.frame_count):
-                if self.cancel.is_set():
-                    raise Cancelled("cancelled by the client")
-                encoder.encode(frames[index])
-                done += 1
-                now = time.monotonic()
-                if now - last_report >= PROGRESS_INTERVAL:
-                    self._emit(Progress(done, total))
-                    last_report = now
-            del frames
-            uses[placed.lease.id] -= 1
-            if uses[placed.lease.id] == 0:
-                # Every frame of this lease is inside the encoder: give it back now,
-                # so a waiting client can start its next copy while we keep encoding.
-                self._leases.free([placed.lease])
 
     def _classify(self, exc: BaseException) -> BaseException:
         if isinstance(exc, (SidecarError, KeyboardInterrupt, SystemExit)):

@@ -14,14 +14,17 @@ import os
 import secrets
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from . import __version__
+from .audio import AudioFormat
 from .config import Config, cpu_count
-from .encoder import CodecSpec, threading_for
+from .encoder import CONTAINERS, threading_for
 from .errors import (
     Cancelled,
     InvalidRequest,
@@ -31,10 +34,20 @@ from .errors import (
     ShuttingDown,
     StartupError,
 )
-from .frames import FrameRangeSpec, Limits, check_geometry, place_ranges
-from .jobs import EncodeJob, EncodeOutcome, EncodePlan, Progress
+from .feed import FrameFeed, InlineAssembler, Piece
+from .frames import Limits, PlacedRange, check_geometry, place_range, place_ranges
+from .jobs import Chunk, EncodeJob, EncodeOutcome, EncodePlan, Progress
 from .leases import Lease, LeaseTable, PoolUsage
 from .output import FileTarget
+from .requests import (
+    AudioPiece,
+    EncodeSpec,
+    Event,
+    LeaseChunk,
+    Result,
+    StreamEnd,
+    StreamMessage,
+)
 from .shm import Slab, SlabSet
 from .warm import WarmPool, warm_up
 
@@ -42,55 +55,6 @@ log = logging.getLogger(__name__)
 
 CHUNK_SIZE = 1024 * 1024  # bytes outputs travel in pieces well under gRPC's 4 MiB limit
 MAX_CLIENTS = 4096
-
-
-@dataclass(frozen=True)
-class VideoRequest:
-    width: int
-    height: int
-    pixel_format: str
-    fps: tuple[int, int]
-    ranges: tuple[FrameRangeSpec, ...]
-
-
-@dataclass(frozen=True)
-class EncodeSpec:
-    """An encode request in domain terms (what the servicer builds from the proto)."""
-
-    client_token: str
-    request_id: str
-    video: VideoRequest
-    codec: CodecSpec = field(default_factory=CodecSpec)
-    path: str | None = None  # relative to the output root; None means bytes
-    overwrite: bool = False
-    next_lease_bytes: int = 0  # lease this much for the client's next request when done
-
-
-@dataclass(frozen=True)
-class Chunk:
-    offset: int
-    data: bytes
-
-
-@dataclass(frozen=True)
-class Result:
-    request_id: str
-    path: str
-    size_bytes: int
-    frames: int
-    duration_s: float
-    codec: str
-    container: str
-    width: int
-    height: int
-    timings_ms: dict[str, float]
-    next_lease: Lease | None = None
-    # Work to do once the client has its answer (opening the next encoder ahead of time);
-    # done after, because opening an encoder holds the GIL for milliseconds.
-    after: Callable[[], None] | None = None
-
-
-Event = Progress | Chunk | Result
 
 
 @dataclass(frozen=True)
@@ -309,37 +273,154 @@ class Sidecar:
 
     # -- encoding ------------------------------------------------------------------------
 
-    def plan(self, spec: EncodeSpec) -> EncodePlan:
-        """Check a request completely, touching no memory and taking no leases."""
+    def plan(
+        self, spec: EncodeSpec, *, stream: bool = False
+    ) -> tuple[EncodePlan, list[PlacedRange]]:
+        """Check a request (or a stream's header) completely, touching no memory and
+        taking no lease; returns the plan and where each range's frames lie."""
         self.check_client(spec.client_token)
         v = spec.video
         geometry = check_geometry(v.width, v.height, v.pixel_format, v.fps, self.limits)
-        codec = spec.codec.resolve()
-        leases = {r.lease_id: self.leases.lookup(spec.client_token, r.lease_id) for r in v.ranges}
-        ranges = place_ranges(geometry, list(v.ranges), leases, self.limits)
+        if spec.container not in CONTAINERS:
+            raise InvalidRequest("output.container", f"unknown container {spec.container!r}")
+        codec = spec.codec.resolve(spec.container)
+        audio = spec.audio.check() if spec.audio is not None else None
+        if spec.audio_data and audio is None:
+            raise InvalidRequest("audio_data", "audio samples sent without an audio format")
+        frames_total = 0
+        ranges: list[PlacedRange] = []
+        if not stream:
+            leases = {
+                r.lease_id: self.leases.lookup(spec.client_token, r.lease_id) for r in v.ranges
+            }
+            ranges = place_ranges(geometry, list(v.ranges), leases, self.limits)
+            frames_total = sum(r.frame_count for r in ranges)
         target = None
         if spec.path is not None:
             target = FileTarget.prepare(self.output_root, spec.path, spec.overwrite)
-        return EncodePlan(spec.request_id, geometry, ranges, codec, target, spec.codec.threads)
+        plan = EncodePlan(
+            spec.request_id,
+            geometry,
+            codec,
+            target,
+            spec.codec.threads,
+            container=spec.container,
+            audio=audio,
+            frames_total=frames_total,
+        )
+        return plan, ranges
 
     async def encode(self, spec: EncodeSpec, received_at: float) -> AsyncIterator[Event]:
-        """Validate, take the leases, encode on a worker thread, stream events back."""
+        """A whole video in leases: validate, take the leases, encode, stream events back."""
         self._check_accepting()
         self.stats.requests += 1
         t0 = time.perf_counter()
-        plan = self.plan(spec)
-        self.leases.take(spec.client_token, [r.lease.id for r in plan.ranges])
+        plan, ranges = self.plan(spec)
+        audio = self._audio_samples(spec.client_token, plan.audio, spec.audio_data)
+        self.leases.take(spec.client_token, [r.lease.id for r in ranges])
+        feed = FrameFeed(self.leases)
+        for placed in ranges:
+            feed.put(placed)
+        feed.end()
         validate_ms = (time.perf_counter() - t0) * 1e3
+        async for event in self._execute(spec, plan, feed, audio, received_at, validate_ms):
+            yield event
 
+    async def stream(
+        self, spec: EncodeSpec, messages: AsyncIterator[StreamMessage], received_at: float
+    ) -> AsyncIterator[Event]:
+        """A stream: the encoder starts on the header and takes chunks as they arrive."""
+        self._check_accepting()
+        self.stats.requests += 1
+        t0 = time.perf_counter()
+        plan, _ = self.plan(spec, stream=True)
+        audio = self._audio_samples(spec.client_token, plan.audio, spec.audio_data)
+        feed = FrameFeed(self.leases)
+        validate_ms = (time.perf_counter() - t0) * 1e3
+        ending: dict[str, int] = {}
+        reader = asyncio.create_task(self._read_stream(spec, plan, feed, messages, ending))
+        try:
+            async for event in self._execute(
+                spec, plan, feed, audio, received_at, validate_ms, reader, ending
+            ):
+                yield event
+        finally:
+            if not reader.done():
+                reader.cancel()
+                with contextlib.suppress(BaseException):
+                    await reader
+
+    async def _read_stream(
+        self,
+        spec: EncodeSpec,
+        plan: EncodePlan,
+        feed: FrameFeed,
+        messages: AsyncIterator[StreamMessage],
+        ending: dict[str, int],
+    ) -> None:
+        """Check each chunk against its lease, take it, and queue it for the encoder."""
+        token, geometry = spec.client_token, plan.geometry
+        frame_bytes = geometry.layout.frame_bytes(geometry.width, geometry.height)
+        assembler = InlineAssembler(geometry.layout.frame_shape(geometry.width, geometry.height))
+        frames = 0
+        index = 0
+        async for message in messages:
+            if isinstance(message, StreamEnd):
+                if assembler.leftover:
+                    raise InvalidRequest(
+                        "chunk.inline", f"{assembler.leftover} bytes left over: not a whole frame"
+                    )
+                audio = self._audio_samples(token, plan.audio, message.audio_data)
+                ending["next_lease_bytes"] = message.next_lease_bytes
+                feed.end(audio)
+                return
+            if isinstance(message, LeaseChunk):
+                lease = self.leases.lookup(token, message.range.lease_id)
+                placed = place_range(geometry, message.range, lease, f"chunks[{index}]")
+                self.leases.take(token, [lease.id])
+                piece: Piece = placed
+                count = placed.frame_count
+            else:
+                inline = assembler.add(message.data)
+                if inline is None:
+                    continue
+                piece, count = inline, len(inline.frames)
+                await feed.wait_for_room(count * frame_bytes)
+            frames += count
+            if frames > self.limits.max_frames:
+                feed.put(piece)  # owned now: freed with the rest
+                raise OutOfRange(f"more than {self.limits.max_frames} frames in one stream")
+            feed.put(piece)
+            index += 1
+        raise Cancelled("the stream ended without an end message")
+
+    async def _execute(
+        self,
+        spec: EncodeSpec,
+        plan: EncodePlan,
+        feed: FrameFeed,
+        audio: np.ndarray | None,
+        received_at: float,
+        validate_ms: float,
+        reader: asyncio.Task[None] | None = None,
+        ending: dict[str, int] | None = None,
+    ) -> AsyncIterator[Event]:
+        """Run a job, relaying its events; the shared tail of `encode` and `stream`."""
         loop = self._loop
         assert loop is not None
-        events: asyncio.Queue[Progress] = asyncio.Queue()
+        events: asyncio.Queue[Progress | Chunk] = asyncio.Queue()
 
-        def emit(event: Progress) -> None:  # called on the encoder thread
+        def emit(event: Progress | Chunk) -> None:  # called on the encoder thread
             loop.call_soon_threadsafe(events.put_nowait, event)
 
         job = EncodeJob(
-            plan, [slab.array for slab in self.slabset.slabs], self.leases, emit, self.warm
+            plan,
+            [slab.array for slab in self.slabset.slabs],
+            feed,
+            emit,
+            self.warm,
+            audio=audio,
+            chunk_size=CHUNK_SIZE,
         )
         runner = asyncio.create_task(self._run(job), name=f"encode-{spec.request_id}")
         self._running.add(runner)
@@ -347,19 +428,23 @@ class Sidecar:
         outcome: EncodeOutcome | None = None
         finished = False
         try:
+            watch = {runner} if reader is None else {runner, reader}
             while not runner.done():
                 getter = asyncio.ensure_future(events.get())
-                await asyncio.wait({getter, runner}, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait({getter, *watch}, return_when=asyncio.FIRST_COMPLETED)
                 if getter.done():
                     yield getter.result()
                 else:
                     getter.cancel()
+                if reader is not None and reader in done:
+                    watch.discard(reader)
+                    if reader.exception() is not None:
+                        raise reader.exception()  # type: ignore[misc]
             while not events.empty():
                 yield events.get_nowait()
             outcome = runner.result()
-            if plan.target is None:
-                for offset, data in outcome.read_chunks(CHUNK_SIZE):
-                    yield Chunk(offset, data)
+            for offset, data in outcome.read_chunks(CHUNK_SIZE):
+                yield Chunk(offset, data)
             timings = {
                 "queue_ms": job.queue_s * 1e3,
                 "validate_ms": validate_ms,
@@ -367,11 +452,10 @@ class Sidecar:
                 "total_ms": (time.perf_counter() - received_at) * 1e3,
             }
             next_lease = None
-            if spec.next_lease_bytes:
+            next_bytes = ending.get("next_lease_bytes", 0) if ending else spec.next_lease_bytes
+            if next_bytes:
                 with contextlib.suppress(OutOfRange):
-                    next_lease = self.leases.grant(
-                        spec.client_token, spec.next_lease_bytes, spare=True
-                    )
+                    next_lease = self.leases.grant(spec.client_token, next_bytes, spare=True)
             finished = True
             self.stats.encodes_ok += 1
             self.stats.frames_encoded += outcome.frames
@@ -383,22 +467,54 @@ class Sidecar:
                 frames=outcome.frames,
                 duration_s=outcome.duration_s,
                 codec=plan.codec.choice.name,
-                container="mp4",
+                container=plan.container,
                 width=plan.geometry.width,
                 height=plan.geometry.height,
+                audio_samples=outcome.audio_samples,
                 timings_ms=timings,
                 next_lease=next_lease,
                 after=(lambda: self._prepare_next(job)) if job.warmable else None,
             )
         except BaseException:
             if not finished:
-                # The client went away or the job failed: stop the encoder (it frees leases).
+                # The client went away or something failed: stop the encoder, which frees
+                # (or gives back) every lease it holds; wait for it so none is left behind.
                 job.cancel.set()
                 self.stats.encodes_failed += 1
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(runner)
             raise
         finally:
             if outcome is not None:
                 outcome.close()
+
+    def _audio_samples(
+        self, token: str, fmt: AudioFormat | None, pieces: tuple[AudioPiece, ...]
+    ) -> np.ndarray | None:
+        """Join audio pieces (inline or in leases) into (samples, channels) float32."""
+        if not pieces:
+            return None
+        if fmt is None:
+            raise InvalidRequest("audio_data", "audio samples sent without an audio format")
+        parts: list[bytes] = []
+        used: list[Lease] = []
+        for index, piece in enumerate(pieces):
+            if isinstance(piece, bytes):
+                parts.append(piece)
+                continue
+            lease = self.leases.lookup(token, piece.lease_id)
+            where = f"audio_data[{index}]"
+            if piece.offset < 0 or piece.size < 0 or piece.offset + piece.size > lease.size:
+                raise InvalidRequest(where, f"[{piece.offset}, +{piece.size}) is outside the lease")
+            start = lease.offset + piece.offset
+            parts.append(
+                self.slabset.slabs[lease.slab_id].array[start : start + piece.size].tobytes()
+            )
+            used.append(lease)
+        samples = fmt.samples(b"".join(parts))
+        for lease in used:  # the samples are copied out: the leases are done
+            self.leases.free([lease])
+        return samples
 
     async def _run(self, job: EncodeJob) -> EncodeOutcome:
         """Wait for an encoder slot, then run the job on the thread pool."""
@@ -434,7 +550,7 @@ class Sidecar:
                 self._queued -= 1
             self._jobs.discard(job)
             if not job.started:  # a job that never ran still owns its leases
-                self.leases.free([r.lease for r in job.plan.ranges])
+                job.feed.release_all()
 
     def _prepare_next(self, job: EncodeJob) -> None:
         """Open the next encoder for these settings in the background (short clips only)."""
@@ -480,15 +596,4 @@ class Sidecar:
             raise ShuttingDown("the daemon is shutting down")
 
 
-__all__ = [
-    "Attachment",
-    "Chunk",
-    "EncodeSpec",
-    "Event",
-    "InvalidRequest",
-    "Progress",
-    "Result",
-    "Sidecar",
-    "StatusReport",
-    "VideoRequest",
-]
+__all__ = ["Attachment", "Sidecar", "StatusReport"]

@@ -20,6 +20,7 @@ import grpc
 from . import __version__
 from .api.v1 import sidecar_pb2 as pb
 from .api.v1 import sidecar_pb2_grpc as pb_grpc
+from .audio import AudioFormat
 from .encoder import CodecSpec
 from .errors import (
     Cancelled,
@@ -37,9 +38,20 @@ from .errors import (
     SidecarError,
 )
 from .frames import FrameRangeSpec
-from .jobs import Progress
+from .jobs import Chunk, Progress
 from .leases import Lease
-from .service import Attachment, Chunk, EncodeSpec, Result, Sidecar, StatusReport, VideoRequest
+from .requests import (
+    AudioPiece,
+    AudioRangeSpec,
+    EncodeSpec,
+    InlineChunk,
+    LeaseChunk,
+    Result,
+    StreamEnd,
+    StreamMessage,
+    VideoRequest,
+)
+from .service import Attachment, Sidecar, StatusReport
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +73,7 @@ STATUS_OF: dict[type[SidecarError], grpc.StatusCode] = {
     ShuttingDown: grpc.StatusCode.UNAVAILABLE,
 }
 
-PIXEL_FORMAT_NAMES = {
+PIXEL_FORMAT_NAMES: dict[int, str] = {
     pb.PIXEL_FORMAT_RGB24: "rgb24",
     pb.PIXEL_FORMAT_BGR24: "bgr24",
     pb.PIXEL_FORMAT_RGBA: "rgba",
@@ -69,6 +81,15 @@ PIXEL_FORMAT_NAMES = {
     pb.PIXEL_FORMAT_YUV420P: "yuv420p",
     pb.PIXEL_FORMAT_NV12: "nv12",
 }
+
+CONTAINER_NAMES: dict[int, str] = {
+    pb.CONTAINER_UNSPECIFIED: "mp4",
+    pb.CONTAINER_MP4: "mp4",
+    pb.CONTAINER_FRAGMENTED_MP4: "fmp4",
+    pb.CONTAINER_WEBM: "webm",
+}
+SAMPLE_FORMAT_NAMES: dict[int, str] = {pb.SAMPLE_FORMAT_F32: "f32", pb.SAMPLE_FORMAT_S16: "s16"}
+MAX_AUDIO_PIECES = 4096
 
 _REQUEST_ID_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
 
@@ -131,13 +152,43 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.EncodeEvent]:
         received_at = time.perf_counter()
-        request_id = request.request_id
-        if not _REQUEST_ID_RE.match(request_id):
-            request_id = secrets.token_hex(8)
+        request_id = _request_id(request.request_id)
+
+        def events() -> AsyncIterator[Any]:
+            spec = encode_spec_from_proto(request, request_id)
+            return self.sidecar.encode(spec, received_at)
+
+        async for event in self._relay(request_id, received_at, context, events):
+            yield event
+
+    async def EncodeStream(
+        self, requests: AsyncIterator[pb.StreamRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.EncodeEvent]:
+        received_at = time.perf_counter()
+        first = await anext(aiter(requests), None)
+        header = first.header if first is not None and first.HasField("header") else None
+        request_id = _request_id(header.request_id if header is not None else "")
+
+        def events() -> AsyncIterator[Any]:
+            if header is None:
+                raise InvalidRequest("header", "a stream starts with a header message")
+            spec = stream_spec_from_proto(header, request_id)
+            return self.sidecar.stream(spec, stream_messages(requests), received_at)
+
+        async for event in self._relay(request_id, received_at, context, events):
+            yield event
+
+    async def _relay(
+        self,
+        request_id: str,
+        received_at: float,
+        context: grpc.aio.ServicerContext,
+        events: Callable[[], AsyncIterator[Any]],
+    ) -> AsyncIterator[pb.EncodeEvent]:
+        """Turn domain events into replies, and a domain error into its status, once."""
         outcome = "ok"
         try:
-            spec = encode_spec_from_proto(request, request_id)
-            async for event in self.sidecar.encode(spec, received_at):
+            async for event in events():
                 if isinstance(event, Result) and event.after is not None:
                     context.add_done_callback(_run_after(event.after))
                 yield event_to_proto(event, self.sidecar.config.lease_ttl)
@@ -152,6 +203,10 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
                 (time.perf_counter() - received_at) * 1e3,
                 extra={"request_id": request_id, "status": outcome},
             )
+
+
+def _request_id(given: str) -> str:
+    return given if _REQUEST_ID_RE.match(given) else secrets.token_hex(8)
 
 
 def _run_after(action: Callable[[], None]) -> Callable[[Any], None]:
@@ -192,23 +247,26 @@ def lease_to_proto(lease: Lease, ttl: float) -> pb.LeaseResponse:
     )
 
 
-def encode_spec_from_proto(request: pb.EncodeRequest, request_id: str) -> EncodeSpec:
-    v = request.video
-    if len(v.ranges) > MAX_RANGES:
+def video_from_proto(
+    width: int, height: int, pixel_format: int, fps: pb.Rational, ranges: Any = ()
+) -> VideoRequest:
+    if len(ranges) > MAX_RANGES:
         raise InvalidRequest("video.ranges", f"at most {MAX_RANGES} ranges per request")
-    pixel_format = PIXEL_FORMAT_NAMES.get(v.pixel_format, f"enum value {v.pixel_format}")
-    video = VideoRequest(
-        width=v.width,
-        height=v.height,
-        pixel_format=pixel_format,
-        fps=(v.fps.num, v.fps.den),
-        ranges=tuple(
-            FrameRangeSpec(r.lease_id, r.offset, r.frame_count, r.row_stride, r.frame_stride)
-            for r in v.ranges
-        ),
+    return VideoRequest(
+        width=width,
+        height=height,
+        pixel_format=PIXEL_FORMAT_NAMES.get(pixel_format, f"enum value {pixel_format}"),
+        fps=(fps.num, fps.den),
+        ranges=tuple(range_from_proto(r) for r in ranges),
     )
-    c = request.codec
-    codec = CodecSpec(
+
+
+def range_from_proto(r: pb.FrameRange) -> FrameRangeSpec:
+    return FrameRangeSpec(r.lease_id, r.offset, r.frame_count, r.row_stride, r.frame_stride)
+
+
+def codec_from_proto(c: pb.CodecOptions) -> CodecSpec:
+    return CodecSpec(
         codec=c.codec,
         crf=c.crf if c.HasField("crf") else None,
         preset=c.preset,
@@ -216,17 +274,84 @@ def encode_spec_from_proto(request: pb.EncodeRequest, request_id: str) -> Encode
         threads=c.threads,
         extra=tuple(sorted(c.extra.items())),
     )
-    which = request.output.WhichOneof("target") if request.HasField("output") else None
-    path = request.output.file.path if which == "file" else None
+
+
+def output_from_proto(o: pb.OutputSpec, present: bool) -> dict[str, Any]:
+    which = o.WhichOneof("target") if present else None
+    if o.container not in CONTAINER_NAMES:
+        raise InvalidRequest("output.container", f"unknown container enum value {o.container}")
+    return {
+        "path": o.file.path if which == "file" else None,
+        "overwrite": which == "file" and o.file.overwrite,
+        "container": CONTAINER_NAMES[o.container],
+    }
+
+
+def audio_from_proto(present: bool, a: pb.AudioSpec, data: Any) -> dict[str, Any]:
+    if len(data) > MAX_AUDIO_PIECES:
+        raise InvalidRequest("audio_data", f"at most {MAX_AUDIO_PIECES} pieces")
+    fmt = None
+    if present:
+        fmt = AudioFormat(
+            a.sample_rate,
+            a.channels,
+            SAMPLE_FORMAT_NAMES.get(a.sample_format, f"enum value {a.sample_format}"),
+        )
+    return {"audio": fmt, "audio_data": audio_pieces_from_proto(data)}
+
+
+def audio_pieces_from_proto(data: Any) -> tuple[AudioPiece, ...]:
+    pieces: list[AudioPiece] = []
+    for d in data:
+        if d.WhichOneof("source") == "range":
+            pieces.append(AudioRangeSpec(d.range.lease_id, d.range.offset, d.range.size))
+        else:
+            pieces.append(bytes(d.inline))
+    return tuple(pieces)
+
+
+def encode_spec_from_proto(request: pb.EncodeRequest, request_id: str) -> EncodeSpec:
+    v = request.video
     return EncodeSpec(
         client_token=request.client_token,
         request_id=request_id,
-        video=video,
-        codec=codec,
-        path=path,
-        overwrite=which == "file" and request.output.file.overwrite,
+        video=video_from_proto(v.width, v.height, v.pixel_format, v.fps, v.ranges),
+        codec=codec_from_proto(request.codec),
         next_lease_bytes=request.next_lease_bytes,
+        **output_from_proto(request.output, request.HasField("output")),
+        **audio_from_proto(request.HasField("audio"), request.audio, request.audio_data),
     )
+
+
+def stream_spec_from_proto(h: pb.StreamHeader, request_id: str) -> EncodeSpec:
+    return EncodeSpec(
+        client_token=h.client_token,
+        request_id=request_id,
+        video=video_from_proto(h.width, h.height, h.pixel_format, h.fps),
+        codec=codec_from_proto(h.codec),
+        **output_from_proto(h.output, h.HasField("output")),
+        **audio_from_proto(h.HasField("audio"), h.audio, h.audio_data),
+    )
+
+
+async def stream_messages(
+    requests: AsyncIterator[pb.StreamRequest],
+) -> AsyncIterator[StreamMessage]:
+    """The rest of a stream as domain messages."""
+    async for request in requests:
+        kind = request.WhichOneof("message")
+        if kind == "chunk":
+            if request.chunk.WhichOneof("frames") == "range":
+                yield LeaseChunk(range_from_proto(request.chunk.range))
+            else:
+                yield InlineChunk(bytes(request.chunk.inline))
+        elif kind == "end":
+            yield StreamEnd(
+                audio_pieces_from_proto(request.end.audio_data), request.end.next_lease_bytes
+            )
+            return
+        else:
+            raise InvalidRequest("message", f"expected a chunk or the end, got {kind or 'nothing'}")
 
 
 def event_to_proto(event: Progress | Chunk | Result, lease_ttl: float) -> pb.EncodeEvent:
@@ -247,6 +372,7 @@ def event_to_proto(event: Progress | Chunk | Result, lease_ttl: float) -> pb.Enc
             container=event.container,
             width=event.width,
             height=event.height,
+            audio_samples=event.audio_samples,
             timings=pb.StageTimings(**event.timings_ms),
             next_lease=lease_to_proto(event.next_lease, lease_ttl) if event.next_lease else None,
         )

@@ -1,0 +1,95 @@
+"""Encode requests and their events, in domain terms (what the servicer builds from and
+turns into protobuf)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .audio import AudioFormat
+from .encoder import CodecSpec
+from .frames import FrameRangeSpec
+from .jobs import Chunk, Progress
+from .leases import Lease
+
+
+@dataclass(frozen=True)
+class AudioRangeSpec:
+    """Audio bytes [offset, offset + size) of a lease."""
+
+    lease_id: str
+    offset: int
+    size: int
+
+
+AudioPiece = AudioRangeSpec | bytes
+
+
+@dataclass(frozen=True)
+class VideoRequest:
+    width: int
+    height: int
+    pixel_format: str
+    fps: tuple[int, int]
+    ranges: tuple[FrameRangeSpec, ...] = ()
+
+
+@dataclass(frozen=True)
+class EncodeSpec:
+    """A whole-video encode, or the header of a stream (then `video.ranges` is empty)."""
+
+    client_token: str
+    request_id: str
+    video: VideoRequest
+    codec: CodecSpec = field(default_factory=CodecSpec)
+    path: str | None = None  # relative to the output root; None means bytes
+    overwrite: bool = False
+    container: str = "mp4"  # mp4, fmp4 or webm
+    audio: AudioFormat | None = None
+    audio_data: tuple[AudioPiece, ...] = ()
+    next_lease_bytes: int = 0  # lease this much for the client's next request when done
+
+
+@dataclass(frozen=True)
+class LeaseChunk:
+    """Stream chunk: frames in a lease."""
+
+    range: FrameRangeSpec
+
+
+@dataclass(frozen=True)
+class InlineChunk:
+    """Stream chunk: frame bytes sent inline."""
+
+    data: bytes
+
+
+@dataclass(frozen=True)
+class StreamEnd:
+    audio_data: tuple[AudioPiece, ...] = ()
+    next_lease_bytes: int = 0
+
+
+StreamMessage = LeaseChunk | InlineChunk | StreamEnd
+
+
+@dataclass(frozen=True)
+class Result:
+    request_id: str
+    path: str
+    size_bytes: int
+    frames: int
+    duration_s: float
+    codec: str
+    container: str
+    width: int
+    height: int
+    audio_samples: int
+    timings_ms: dict[str, float]
+    next_lease: Lease | None = None
+    # Work to do once the client has its answer (opening the next encoder ahead of time);
+    # done after, because opening an encoder holds the GIL for milliseconds.
+    after: Callable[[], None] | None = None
+
+
+Event = Progress | Chunk | Result
