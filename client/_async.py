@@ -15,8 +15,10 @@ from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
 
 from . import _core
+from ._audio import Pcm, prepare_audio
 from ._base import BaseClient, EncodeOptions
 from ._errors import NotFound, SidecarError
+from ._stream import AsyncVideoStream
 from ._types import Attachment, EncodeResult, FrameRange, Lease, Status
 from ._video import VideoSource
 
@@ -50,8 +52,15 @@ class AsyncSidecarClient(BaseClient):
         client_name: str = "",
         timeout: float | None = None,
         lease_wait: float = 30.0,
+        transport: str = "auto",
     ) -> None:
-        super().__init__(target, client_name=client_name, timeout=timeout, lease_wait=lease_wait)
+        super().__init__(
+            target,
+            client_name=client_name,
+            timeout=timeout,
+            lease_wait=lease_wait,
+            transport=transport,
+        )
         self._channel = grpc.aio.insecure_channel(self.target, options=_core.CHANNEL_OPTIONS)
         self._stub = pb_grpc.VideoSidecarStub(self._channel)
         self._attach_lock = asyncio.Lock()
@@ -126,6 +135,8 @@ class AsyncSidecarClient(BaseClient):
         pixel_format: str | None = None,
         layout: str | None = None,
         value_range: tuple[float, float] = (0, 1),
+        audio: Any = None,
+        sample_rate: int | None = None,
         on_progress: Callable[[int, int], None] | None = None,
         timeout: float | None = None,
         **codec_options: Any,
@@ -133,8 +144,49 @@ class AsyncSidecarClient(BaseClient):
         started = time.perf_counter()
         options = EncodeOptions(fps=fps, path=path, overwrite=overwrite, **codec_options)
         source = self._prepare(video, pixel_format, layout, value_range)
+        pcm = prepare_audio(audio, sample_rate) if audio is not None else None
+        att = await self.attach()
+        plan = _core.plan_ranges(source.frames, source.frame_bytes, att)
+        if self.inline or not _core.fits_in_pool(plan, source.frame_bytes, att):
+            stream = AsyncVideoStream(
+                self, options, **self._stream_args(pcm, None, None, on_progress)
+            )
+            stream.started = started
+            async with stream:
+                await stream.write_source(source)
+            assert stream.result is not None
+            return stream.result
         return await self._with_reattach(
-            lambda: self._encode_source(source, options, started, on_progress, timeout)
+            lambda: self._encode_source(source, options, started, on_progress, timeout, pcm)
+        )
+
+    def stream(
+        self,
+        fps: float | tuple[int, int] = 24,
+        *,
+        path: str | None = None,
+        overwrite: bool = False,
+        pixel_format: str | None = None,
+        layout: str | None = None,
+        value_range: tuple[float, float] = (0, 1),
+        audio: Any = None,
+        sample_rate: int | None = None,
+        channels: int | None = None,
+        on_chunk: Callable[[bytes], None] | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
+        **codec_options: Any,
+    ) -> AsyncVideoStream:
+        """`async with client.stream(fps=24) as s: await s.write(chunk)`; see the sync twin."""
+        options = EncodeOptions(fps=fps, path=path, overwrite=overwrite, **codec_options)
+        pcm = prepare_audio(audio, sample_rate) if audio is not None else None
+        declared = (sample_rate, channels) if pcm is None and sample_rate and channels else None
+        return AsyncVideoStream(
+            self,
+            options,
+            pixel_format=pixel_format,
+            layout=layout,
+            value_range=value_range,
+            **self._stream_args(pcm, declared, on_chunk, on_progress),
         )
 
     async def _encode_source(
@@ -144,6 +196,7 @@ class AsyncSidecarClient(BaseClient):
         started: float,
         on_progress: Callable[[int, int], None] | None,
         timeout: float | None,
+        pcm: Pcm | None = None,
     ) -> EncodeResult:
         att = await self.attach()
         plan = _core.plan_ranges(source.frames, source.frame_bytes, att)
@@ -167,6 +220,11 @@ class AsyncSidecarClient(BaseClient):
             t1 = time.perf_counter()
             await asyncio.to_thread(source.finish)
             clock["copy_ms"] += (time.perf_counter() - t1) * 1e3
+            audio_data = None
+            if pcm is not None:
+                lease = await self.lease(pcm.nbytes)
+                leases.append(lease)
+                audio_data = self._audio_in_lease(pcm, lease)
             request = options.request(
                 att.client_token,
                 source.width,
@@ -174,6 +232,8 @@ class AsyncSidecarClient(BaseClient):
                 source.pixel_format,
                 ranges,
                 next_lease_bytes=source.frames * source.frame_bytes if single else 0,
+                audio=pcm.spec() if pcm is not None else None,
+                audio_data=audio_data,
             )
             return await self._encode(request, clock, started, on_progress, timeout)
         except BaseException:

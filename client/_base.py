@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.api.v1 import sidecar_pb2 as pb
 
 from . import _core
+from ._audio import Pcm
 from ._convert import Conversion
 from ._cuda import CudaHost, CudaVideo
+from ._errors import SidecarUnavailable
 from ._slabs import SlabMap
 from ._types import Attachment, FrameRange, Lease
 from ._video import VideoSource, prepare_video
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -25,7 +31,8 @@ class EncodeOptions:
     fps: float | tuple[int, int] = 24
     path: str | None = None
     overwrite: bool = False
-    codec: str = "h264"
+    container: str = "mp4"  # mp4, fmp4 (fragmented, streamed back) or webm
+    codec: str = ""  # empty: the container's default (h264, or vp9 in WebM)
     crf: int | None = None
     preset: str | None = None
     gop: int | None = None
@@ -41,6 +48,8 @@ class EncodeOptions:
         pixel_format: str,
         ranges: list[FrameRange],
         next_lease_bytes: int = 0,
+        audio: pb.AudioSpec | None = None,
+        audio_data: list[pb.AudioData] | None = None,
     ) -> pb.EncodeRequest:
         return _core.encode_request(
             token=token,
@@ -59,6 +68,36 @@ class EncodeOptions:
             threads=self.threads,
             extra=self.extra,
             next_lease_bytes=next_lease_bytes,
+            container=self.container,
+            audio=audio,
+            audio_data=audio_data,
+        )
+
+    def header(
+        self,
+        token: str,
+        width: int,
+        height: int,
+        pixel_format: str,
+        audio: pb.AudioSpec | None = None,
+        audio_data: list[pb.AudioData] | None = None,
+    ) -> pb.StreamRequest:
+        """The first message of a stream."""
+        return pb.StreamRequest(
+            header=pb.StreamHeader(
+                client_token=token,
+                request_id=self.request_id,
+                width=width,
+                height=height,
+                pixel_format=_core.PIXEL_FORMAT_ENUM.get(pixel_format, 0),  # type: ignore[arg-type]
+                fps=_core.fps_rational(self.fps),
+                codec=_core.codec_options(
+                    self.codec, self.crf, self.preset, self.gop, self.threads, self.extra
+                ),
+                output=_core.output_spec(self.path, self.overwrite, self.container),
+                audio=audio,
+                audio_data=audio_data or [],
+            )
         )
 
 
@@ -72,7 +111,12 @@ class BaseClient:
         client_name: str,
         timeout: float | None,
         lease_wait: float,
+        transport: str = "auto",
     ) -> None:
+        if transport not in ("auto", "shm", "inline"):
+            raise ValueError(f"transport {transport!r}: use auto, shm or inline")
+        self.transport = transport
+        self.inline = transport == "inline"  # frames travel inside gRPC messages
         self.target = _core.resolve_target(target)
         self.client_name = client_name or f"pid-{os.getpid()}"
         self.timeout = timeout
@@ -108,7 +152,15 @@ class BaseClient:
 
     def _attached(self, resp: pb.AttachResponse) -> Attachment:
         attachment = _core.attachment_from_proto(resp)
-        self._slabs.map(attachment.instance_id, attachment.shm_dir, list(attachment.slabs))
+        if self.transport != "inline":
+            try:
+                self._slabs.map(attachment.instance_id, attachment.shm_dir, list(attachment.slabs))
+            except SidecarUnavailable:
+                if self.transport == "shm":
+                    raise
+                # Not on the daemon's host (or not in its IPC namespace): send frames inline.
+                log.info("shared memory out of reach, sending frames inline: %s", self.target)
+                self.inline = True
         self._attachment = attachment
         self._spare = None  # leases belong to the old token
         return attachment
@@ -181,6 +233,28 @@ class BaseClient:
             self._cuda = CudaHost(self._slabs)
             self._slabs.before_unmap = self._cuda.unregister
         return self._cuda.video(view, conversion)
+
+    def _stream_args(
+        self,
+        pcm: Pcm | None,
+        declared: tuple[int, int] | None,
+        on_chunk: Callable[[bytes], None] | None,
+        on_progress: Callable[[int, int], None] | None,
+    ) -> dict[str, Any]:
+        return {
+            "pixel_format": None,
+            "layout": None,
+            "value_range": (0, 1),
+            "audio": pcm,
+            "audio_format": declared,
+            "on_chunk": on_chunk,
+            "on_progress": on_progress,
+        }
+
+    @staticmethod
+    def _audio_in_lease(pcm: Pcm, lease: Lease) -> list[pb.AudioData]:
+        lease.array[: pcm.nbytes] = pcm.data.reshape(-1).view("u1")
+        return [pb.AudioData(range=pb.AudioRange(lease_id=lease.id, offset=0, size=pcm.nbytes))]
 
     @property
     def cuda_registrations(self) -> int:

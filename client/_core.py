@@ -20,7 +20,6 @@ from sidecar.config import default_socket
 
 from ._errors import (
     InvalidArgument,
-    ResourceExhausted,
     ServerError,
     SidecarError,
     error_for,
@@ -101,17 +100,16 @@ def plan_ranges(frames: int, frame_bytes: int, att: Attachment) -> list[tuple[in
             f"one frame is {frame_bytes} bytes but the daemon's slabs hold {att.max_lease_bytes}; "
             "start the daemon with a larger --slab-size"
         )
-    ranges = [(start, min(per_lease, frames - start)) for start in range(0, frames, per_lease)]
-    # Leases are packed per slab; a video that cannot be resident at once cannot be sent in
-    # one Encode call.
-    fits = sum(s.size // _aligned(per_lease * frame_bytes, att.alignment) for s in att.slabs)
-    if len(ranges) > fits:
-        raise ResourceExhausted(
-            f"the video needs {len(ranges)} leases of {per_lease} frames but the pool holds "
-            f"{fits} ({att.pool_bytes} bytes in all); raise --slabs or --slab-size",
-            reason="VideoTooLarge",
-        )
-    return ranges
+    return [(start, min(per_lease, frames - start)) for start in range(0, frames, per_lease)]
+
+
+def fits_in_pool(ranges: list[tuple[int, int]], frame_bytes: int, att: Attachment) -> bool:
+    """Whether every range can be leased at once; if not, the video goes as a stream,
+    each range's lease freed as its frames are encoded."""
+    largest = max(count for _, count in ranges) * frame_bytes
+    room = sum(s.size // _aligned(largest, att.alignment) for s in att.slabs)
+    # Leave room for others: a single request takes at most half the pool at once.
+    return len(ranges) <= max(1, room // 2)
 
 
 def _aligned(n: int, alignment: int) -> int:
@@ -136,22 +134,12 @@ def encode_request(
     threads: int,
     extra: Mapping[str, Any] | None,
     next_lease_bytes: int = 0,
+    container: str = "mp4",
+    audio: pb.AudioSpec | None = None,
+    audio_data: list[pb.AudioData] | None = None,
 ) -> pb.EncodeRequest:
-    options = pb.CodecOptions(
-        codec=codec,
-        preset=preset or "",
-        threads=threads,
-        extra={str(k): str(v) for k, v in (extra or {}).items()},
-    )
-    if crf is not None:
-        options.crf = crf
-    if gop is not None:
-        options.gop = gop
-    output = (
-        pb.OutputSpec(file=pb.FileOutput(path=path, overwrite=overwrite))
-        if path is not None
-        else pb.OutputSpec(bytes=pb.BytesOutput())
-    )
+    options = codec_options(codec, crf, preset, gop, threads, extra)
+    output = output_spec(path, overwrite, container)
     return pb.EncodeRequest(
         client_token=token,
         request_id=request_id,
@@ -174,7 +162,47 @@ def encode_request(
         codec=options,
         output=output,
         next_lease_bytes=next_lease_bytes,
+        audio=audio,
+        audio_data=audio_data or [],
     )
+
+
+CONTAINER_ENUM = {
+    "mp4": pb.CONTAINER_MP4,
+    "fmp4": pb.CONTAINER_FRAGMENTED_MP4,
+    "webm": pb.CONTAINER_WEBM,
+}
+
+
+def codec_options(
+    codec: str,
+    crf: int | None,
+    preset: str | None,
+    gop: int | None,
+    threads: int,
+    extra: Mapping[str, Any] | None,
+) -> pb.CodecOptions:
+    options = pb.CodecOptions(
+        codec=codec,
+        preset=preset or "",
+        threads=threads,
+        extra={str(k): str(v) for k, v in (extra or {}).items()},
+    )
+    if crf is not None:
+        options.crf = crf
+    if gop is not None:
+        options.gop = gop
+    return options
+
+
+def output_spec(path: str | None, overwrite: bool, container: str) -> pb.OutputSpec:
+    if container not in CONTAINER_ENUM:
+        raise InvalidArgument(f"container {container!r}: use mp4, fmp4 or webm")
+    if path is not None:
+        return pb.OutputSpec(
+            file=pb.FileOutput(path=path, overwrite=overwrite), container=CONTAINER_ENUM[container]
+        )
+    return pb.OutputSpec(bytes=pb.BytesOutput(), container=CONTAINER_ENUM[container])
 
 
 class ResultBuilder:
@@ -187,7 +215,8 @@ class ResultBuilder:
         self._result: pb.EncodeResult | None = None
         self.next_lease: pb.LeaseResponse | None = None
 
-    def feed(self, event: pb.EncodeEvent) -> None:
+    def feed(self, event: pb.EncodeEvent) -> bytes | None:
+        """Take one reply; returns the bytes of an output chunk, if it was one."""
         kind = event.WhichOneof("event")
         if kind == "progress":
             if self._on_progress is not None:
@@ -199,12 +228,14 @@ class ResultBuilder:
                 )
             self._chunks.append(event.chunk.data)
             self._received += len(event.chunk.data)
+            return event.chunk.data
         elif kind == "result":
             self._result = event.result
             if event.result.HasField("next_lease"):
                 self.next_lease = event.result.next_lease
             if self._on_progress is not None:
                 self._on_progress(event.result.frames, event.result.frames)
+        return None
 
     def result(self, client: dict[str, float]) -> EncodeResult:
         r = self._result
@@ -240,6 +271,7 @@ class ResultBuilder:
             size_bytes=r.size_bytes,
             request_id=r.request_id,
             timings=timings,
+            audio_samples=r.audio_samples,
         )
 
 

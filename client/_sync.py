@@ -14,8 +14,10 @@ from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
 
 from . import _core
+from ._audio import Pcm, prepare_audio
 from ._base import BaseClient, EncodeOptions
 from ._errors import NotFound, SidecarError
+from ._stream import VideoStream
 from ._types import Attachment, EncodeResult, FrameRange, Lease, Status
 from ._video import VideoSource
 
@@ -51,8 +53,15 @@ class SidecarClient(BaseClient):
         client_name: str = "",
         timeout: float | None = None,
         lease_wait: float = 30.0,
+        transport: str = "auto",
     ) -> None:
-        super().__init__(target, client_name=client_name, timeout=timeout, lease_wait=lease_wait)
+        super().__init__(
+            target,
+            client_name=client_name,
+            timeout=timeout,
+            lease_wait=lease_wait,
+            transport=transport,
+        )
         self._open_channel()
 
     def _open_channel(self) -> None:
@@ -135,6 +144,8 @@ class SidecarClient(BaseClient):
         pixel_format: str | None = None,
         layout: str | None = None,
         value_range: tuple[float, float] = (0, 1),
+        audio: Any = None,
+        sample_rate: int | None = None,
         on_progress: Callable[[int, int], None] | None = None,
         timeout: float | None = None,
         **codec_options: Any,
@@ -159,8 +170,56 @@ class SidecarClient(BaseClient):
         started = time.perf_counter()
         options = EncodeOptions(fps=fps, path=path, overwrite=overwrite, **codec_options)
         source = self._prepare(video, pixel_format, layout, value_range)
+        pcm = prepare_audio(audio, sample_rate) if audio is not None else None
+        att = self.attach()
+        plan = _core.plan_ranges(source.frames, source.frame_bytes, att)
+        if self.inline or not _core.fits_in_pool(plan, source.frame_bytes, att):
+            # Larger than the pool lets one request hold, or no shared memory: stream it,
+            # each lease freed as soon as its frames are encoded.
+            stream = VideoStream(self, options, **self._stream_args(pcm, None, None, on_progress))
+            stream.started = started
+            with stream:
+                stream.write_source(source)
+            assert stream.result is not None
+            return stream.result
         return self._with_reattach(
-            lambda: self._encode_source(source, options, started, on_progress, timeout)
+            lambda: self._encode_source(source, options, started, on_progress, timeout, pcm)
+        )
+
+    def stream(
+        self,
+        fps: float | tuple[int, int] = 24,
+        *,
+        path: str | None = None,
+        overwrite: bool = False,
+        pixel_format: str | None = None,
+        layout: str | None = None,
+        value_range: tuple[float, float] = (0, 1),
+        audio: Any = None,
+        sample_rate: int | None = None,
+        channels: int | None = None,
+        on_chunk: Callable[[bytes], None] | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
+        **codec_options: Any,
+    ) -> VideoStream:
+        """A streaming encode: `with client.stream(fps=24) as s: s.write(chunk)`.
+
+        Arguments as `encode`. `audio` (with `sample_rate`) goes with the first chunk; or
+        declare `sample_rate` and `channels` here and pass the samples to `s.close(audio=)`.
+        With `container="fmp4"` the output arrives while encoding: `on_chunk(bytes)` or
+        iterate `s.chunks()` (from another thread). After the block, `s.result` holds the
+        `EncodeResult`.
+        """
+        options = EncodeOptions(fps=fps, path=path, overwrite=overwrite, **codec_options)
+        pcm = prepare_audio(audio, sample_rate) if audio is not None else None
+        declared = (sample_rate, channels) if pcm is None and sample_rate and channels else None
+        return VideoStream(
+            self,
+            options,
+            pixel_format=pixel_format,
+            layout=layout,
+            value_range=value_range,
+            **self._stream_args(pcm, declared, on_chunk, on_progress),
         )
 
     def _encode_source(
@@ -170,6 +229,7 @@ class SidecarClient(BaseClient):
         started: float,
         on_progress: Callable[[int, int], None] | None,
         timeout: float | None,
+        pcm: Pcm | None = None,
     ) -> EncodeResult:
         att = self.attach()
         plan = _core.plan_ranges(source.frames, source.frame_bytes, att)
@@ -190,6 +250,11 @@ class SidecarClient(BaseClient):
             t1 = time.perf_counter()
             source.finish()
             clock["copy_ms"] += (time.perf_counter() - t1) * 1e3
+            audio_data = None
+            if pcm is not None:
+                lease = self.lease(pcm.nbytes)
+                leases.append(lease)
+                audio_data = self._audio_in_lease(pcm, lease)
             request = options.request(
                 att.client_token,
                 source.width,
@@ -197,6 +262,8 @@ class SidecarClient(BaseClient):
                 source.pixel_format,
                 ranges,
                 next_lease_bytes=source.frames * source.frame_bytes if single else 0,
+                audio=pcm.spec() if pcm is not None else None,
+                audio_data=audio_data,
             )
             return self._encode(request, clock, started, on_progress, timeout)
         except BaseException:

@@ -97,6 +97,7 @@ class EncodeResult:
     size_bytes: int
     request_id: str
     timings: Timings
+    audio_samples: int = 0  # audio samples muxed, after trimming or padding to the video
 
 
 @dataclass(frozen=True)
