@@ -183,10 +183,9 @@ class AsyncSidecarClient(BaseClient):
         return AsyncVideoStream(
             self,
             options,
-            pixel_format=pixel_format,
-            layout=layout,
-            value_range=value_range,
-            **self._stream_args(pcm, declared, on_chunk, on_progress),
+            **self._stream_args(
+                pcm, declared, on_chunk, on_progress, pixel_format, layout, value_range
+            ),
         )
 
     async def _encode_source(

@@ -240,11 +240,15 @@ class BaseClient:
         declared: tuple[int, int] | None,
         on_chunk: Callable[[bytes], None] | None,
         on_progress: Callable[[int, int], None] | None,
+        pixel_format: str | None = None,
+        layout: str | None = None,
+        value_range: tuple[float, float] = (0, 1),
     ) -> dict[str, Any]:
+        """Keyword arguments for a stream; `encode` streams an already prepared video."""
         return {
-            "pixel_format": None,
-            "layout": None,
-            "value_range": (0, 1),
+            "pixel_format": pixel_format,
+            "layout": layout,
+            "value_range": value_range,
             "audio": pcm,
             "audio_format": declared,
             "on_chunk": on_chunk,

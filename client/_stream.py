@@ -71,6 +71,9 @@ class _StreamCore:
         self.frames = 0
         self.clock = {"lease_ms": 0.0, "copy_ms": 0.0}
         self.started = time.perf_counter()
+        # Leases this stream took; after a cancel the ones the daemon never received are
+        # given back (the others the daemon frees itself).
+        self.leased: list[str] = []
 
     def check_geometry(self, source: VideoSource) -> bool:
         """True for the first chunk (the header is due); raises on a change of size."""
@@ -185,6 +188,7 @@ class VideoStream(_StreamCore):
                     raise
                 self.clock["lease_ms"] += (t1 - t0) * 1e3
                 self.clock["copy_ms"] += (time.perf_counter() - t1) * 1e3
+                self.leased.append(lease.id)
                 self._send(lease_chunk(lease, count))
             self.frames += count
 
@@ -206,7 +210,9 @@ class VideoStream(_StreamCore):
         client = self._client
         if client.inline:
             return pcm.inline_pieces()
-        return client._audio_in_lease(pcm, client.lease(pcm.nbytes))
+        lease = client.lease(pcm.nbytes)
+        self.leased.append(lease.id)
+        return client._audio_in_lease(pcm, lease)
 
     def _send(self, message: pb.StreamRequest) -> None:
         self._requests.put(message)
@@ -266,6 +272,9 @@ class VideoStream(_StreamCore):
         self._requests.put(None)
         if self._reader is not None:
             self._reader.join()
+        for lease_id in self.leased:
+            with contextlib.suppress(SidecarError):
+                self._client.release(lease_id)
 
 
 class AsyncVideoStream(_StreamCore):
@@ -318,6 +327,7 @@ class AsyncVideoStream(_StreamCore):
                     raise
                 self.clock["lease_ms"] += (t1 - t0) * 1e3
                 self.clock["copy_ms"] += (time.perf_counter() - t1) * 1e3
+                self.leased.append(lease.id)
                 await self._send(lease_chunk(lease, count))
             self.frames += count
 
@@ -337,7 +347,9 @@ class AsyncVideoStream(_StreamCore):
         client = self._client
         if client.inline:
             return pcm.inline_pieces()
-        return client._audio_in_lease(pcm, await client.lease(pcm.nbytes))
+        lease = await client.lease(pcm.nbytes)
+        self.leased.append(lease.id)
+        return client._audio_in_lease(pcm, lease)
 
     async def _send(self, message: pb.StreamRequest) -> None:
         try:
@@ -396,3 +408,6 @@ class AsyncVideoStream(_StreamCore):
         if self._reader is not None:
             with contextlib.suppress(BaseException):
                 await self._reader
+        for lease_id in self.leased:
+            with contextlib.suppress(SidecarError):
+                await self._client.release(lease_id)

@@ -216,10 +216,9 @@ class SidecarClient(BaseClient):
         return VideoStream(
             self,
             options,
-            pixel_format=pixel_format,
-            layout=layout,
-            value_range=value_range,
-            **self._stream_args(pcm, declared, on_chunk, on_progress),
+            **self._stream_args(
+                pcm, declared, on_chunk, on_progress, pixel_format, layout, value_range
+            ),
         )
 
     def _encode_source(
