@@ -27,7 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="where frames start: host memory, or a CUDA tensor (timed from GPU-ready)",
     )
     p.add_argument(
-        "--suite", default="e2e", help="comma list of e2e, transfer, throughput, memory, or 'all'"
+        "--suite",
+        default="e2e",
+        help="comma list of e2e, transfer, throughput, stream, memory, or 'all'",
     )
     p.add_argument("--shapes", default=",".join(SHAPES), help="WxHxT list for e2e")
     p.add_argument(
@@ -40,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clients", type=int, default=8, help="throughput: concurrent clients")
     p.add_argument("--requests", type=int, default=3, help="throughput: requests per client")
     p.add_argument("--throughput-shape", default="1344x768x122")
+    p.add_argument("--stream-shape", default="1344x768x362")
+    p.add_argument("--chunk", type=int, default=24, help="stream: frames per chunk")
+    p.add_argument("--pace-ms", type=float, default=100.0, help="stream: ms between chunks")
     p.add_argument(
         "--from-json",
         metavar="FILE",
@@ -61,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     device = Device(args.device)
     wanted = (
-        {"e2e", "transfer", "throughput", "memory"}
+        {"e2e", "transfer", "throughput", "stream", "memory"}
         if args.suite == "all"
         else set(args.suite.split(","))
     )
@@ -81,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     if "throughput" in wanted:
         rows += suites.throughput(
             device, args.clients, args.requests, args.throughput_shape, sidecar_options
+        )
+    if "stream" in wanted:
+        rows += suites.streaming(
+            device, args.stream_shape, args.chunk, args.pace_ms, args.samples or None
         )
     if "memory" in wanted:
         rows += suites.memory()

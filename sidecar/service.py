@@ -565,7 +565,8 @@ class Sidecar:
 
     def _threading(self, job: EncodeJob) -> tuple[int, str]:
         """Threads for a job: the request's or config's count, else a share of the cores."""
-        frames, height = job.plan.frames_total, job.plan.geometry.height
+        # A stream's length is unknown: treat it as long (frame threads).
+        frames, height = job.plan.frames_total or 1 << 20, job.plan.geometry.height
         share = job.threads or self.config.encoder_threads or cpu_count() // max(1, self._active)
         threads, thread_type = threading_for(frames, height, share)
         if job.threads or self.config.encoder_threads:
