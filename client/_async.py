@@ -53,6 +53,7 @@ class AsyncSidecarClient(BaseClient):
         timeout: float | None = None,
         lease_wait: float = 30.0,
         transport: str = "auto",
+        credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         super().__init__(
             target,
@@ -61,7 +62,13 @@ class AsyncSidecarClient(BaseClient):
             lease_wait=lease_wait,
             transport=transport,
         )
-        self._channel = grpc.aio.insecure_channel(self.target, options=_core.CHANNEL_OPTIONS)
+        self.credentials = credentials
+        if credentials is not None:  # TCP with TLS
+            self._channel = grpc.aio.secure_channel(
+                self.target, credentials, options=_core.CHANNEL_OPTIONS
+            )
+        else:
+            self._channel = grpc.aio.insecure_channel(self.target, options=_core.CHANNEL_OPTIONS)
         self._stub = pb_grpc.VideoSidecarStub(self._channel)
         self._attach_lock = asyncio.Lock()
 
@@ -149,7 +156,7 @@ class AsyncSidecarClient(BaseClient):
         plan = _core.plan_ranges(source.frames, source.frame_bytes, att)
         if self.inline or not _core.fits_in_pool(plan, source.frame_bytes, att):
             stream = AsyncVideoStream(
-                self, options, **self._stream_args(pcm, None, None, on_progress)
+                self, options, **self._stream_args(pcm, None, None, on_progress, timeout=timeout)
             )
             stream.started = started
             async with stream:

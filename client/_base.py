@@ -243,6 +243,7 @@ class BaseClient:
         pixel_format: str | None = None,
         layout: str | None = None,
         value_range: tuple[float, float] = (0, 1),
+        timeout: float | None = None,
     ) -> dict[str, Any]:
         """Keyword arguments for a stream; `encode` streams an already prepared video."""
         return {
@@ -253,6 +254,7 @@ class BaseClient:
             "audio_format": declared,
             "on_chunk": on_chunk,
             "on_progress": on_progress,
+            "timeout": timeout,
         }
 
     @staticmethod

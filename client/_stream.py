@@ -56,8 +56,10 @@ class _StreamCore:
         audio_format: tuple[int, int] | None,
         on_chunk: Callable[[bytes], None] | None,
         on_progress: Callable[[int, int], None] | None,
+        timeout: float | None = None,
     ) -> None:
         self.options = options
+        self.timeout = timeout  # for the whole stream, as a gRPC deadline
         self.pixel_format = pixel_format
         self.layout = layout
         self.value_range = value_range
@@ -201,7 +203,7 @@ class VideoStream(_StreamCore):
             self.options.header(att.client_token, width, height, fmt, self.audio_spec(), audio_data)
         )
         self._call = client._stub_here().EncodeStream(
-            iter(self._requests.get, None), timeout=client.timeout
+            iter(self._requests.get, None), timeout=self.timeout or client.timeout
         )
         self._reader = threading.Thread(target=self._read, name="video-sidecar-stream", daemon=True)
         self._reader.start()
@@ -335,7 +337,7 @@ class AsyncVideoStream(_StreamCore):
         client = self._client
         att = await client.attach()
         audio_data = await self._audio_data(self.audio) if self.audio is not None else None
-        self._call = client._stub.EncodeStream(timeout=client.timeout)
+        self._call = client._stub.EncodeStream(timeout=self.timeout or client.timeout)
         header = self.options.header(
             att.client_token, source.width, source.height, source.pixel_format,
             self.audio_spec(), audio_data,

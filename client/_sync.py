@@ -54,6 +54,7 @@ class SidecarClient(BaseClient):
         timeout: float | None = None,
         lease_wait: float = 30.0,
         transport: str = "auto",
+        credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         super().__init__(
             target,
@@ -62,10 +63,16 @@ class SidecarClient(BaseClient):
             lease_wait=lease_wait,
             transport=transport,
         )
+        self.credentials = credentials
         self._open_channel()
 
     def _open_channel(self) -> None:
-        self._channel = grpc.insecure_channel(self.target, options=_core.CHANNEL_OPTIONS)
+        if self.credentials is not None:  # TCP with TLS
+            self._channel = grpc.secure_channel(
+                self.target, self.credentials, options=_core.CHANNEL_OPTIONS
+            )
+        else:
+            self._channel = grpc.insecure_channel(self.target, options=_core.CHANNEL_OPTIONS)
         self._stub = pb_grpc.VideoSidecarStub(self._channel)
 
     def _stub_here(self) -> Any:
@@ -176,7 +183,9 @@ class SidecarClient(BaseClient):
         if self.inline or not _core.fits_in_pool(plan, source.frame_bytes, att):
             # Larger than the pool lets one request hold, or no shared memory: stream it,
             # each lease freed as soon as its frames are encoded.
-            stream = VideoStream(self, options, **self._stream_args(pcm, None, None, on_progress))
+            stream = VideoStream(
+                self, options, **self._stream_args(pcm, None, None, on_progress, timeout=timeout)
+            )
             stream.started = started
             with stream:
                 stream.write_source(source)

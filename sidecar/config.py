@@ -98,6 +98,22 @@ class Config:
         default_factory=default_socket,
         metadata=_opt("Unix socket to listen on", metavar="PATH"),
     )
+    tcp: str = field(
+        default="",
+        metadata=_opt("also listen on TCP HOST:PORT; needs TLS or --insecure", metavar="HOST:PORT"),
+    )
+    tls_cert: str = field(
+        default="", metadata=_opt("TLS certificate (PEM) for TCP", metavar="FILE")
+    )
+    tls_key: str = field(default="", metadata=_opt("TLS private key (PEM) for TCP", metavar="FILE"))
+    tls_client_ca: str = field(
+        default="",
+        metadata=_opt("require client certificates signed by this CA (PEM)", metavar="FILE"),
+    )
+    insecure: bool = field(
+        default=False,
+        metadata=_opt("allow TCP without TLS (trusted networks only)", parse_bool, "BOOL"),
+    )
     output_dir: str = field(
         default_factory=default_output_dir,
         metadata=_opt("root directory for file outputs; paths are confined to it", metavar="DIR"),
@@ -177,6 +193,16 @@ class Config:
             problems.append("log_level must be debug, info, warning or error")
         if min(self.max_frames, self.max_width, self.max_height, self.max_request_bytes) < 1:
             problems.append("limits must be positive")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            problems.append("tls_cert and tls_key go together")
+        if self.tls_client_ca and not self.tls_cert:
+            problems.append("tls_client_ca needs tls_cert and tls_key")
+        if self.tcp and not self.tls_cert and not self.insecure:
+            problems.append(
+                "listening on TCP needs TLS (--tls-cert, --tls-key) or an explicit --insecure"
+            )
+        if self.tcp and not re.fullmatch(r"\[?[\w.:-]*\]?:\d{1,5}", self.tcp):
+            problems.append(f"tcp must be HOST:PORT, got {self.tcp!r}")
         if problems:
             raise ValueError("; ".join(problems))
 

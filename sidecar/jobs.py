@@ -146,6 +146,8 @@ class EncodeJob:
                 encoder.set_audio(self._audio)
             self._consume(encoder)
             encoder.close()
+            if self.cancel.is_set():  # gone while the encoder drained: keep nothing
+                raise Cancelled("cancelled by the client")
             t0 = time.perf_counter()
             if plan.target is not None:
                 if memfd is not None:  # a short clip encoded in memory: write it out

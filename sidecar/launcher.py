@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -46,6 +47,7 @@ class DaemonProcess:
         timeout: float = 60.0,
         env: dict[str, str] | None = None,
         output: IO[bytes] | None = None,
+        preexec_fn: Callable[[], Any] | None = None,
     ) -> None:
         """Start and wait until health says SERVING; RuntimeError if it never does."""
         self.process = subprocess.Popen(
@@ -53,6 +55,7 @@ class DaemonProcess:
             stdout=output,
             stderr=subprocess.STDOUT if output is not None else None,
             env={**os.environ, **(env or {})},
+            preexec_fn=preexec_fn,  # noqa: PLW1509 - tests limit the child's resources
         )
         deadline = time.monotonic() + timeout
         with SidecarClient(self.socket, timeout=2) as probe:

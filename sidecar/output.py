@@ -54,6 +54,8 @@ def output_error(exc: OSError, what: str) -> OutputError:
     """Turn an OS error while writing into the matching domain error."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return DiskFull(f"no space left on the output device while writing {what}")
+    if exc.errno == errno.EFBIG:
+        return DiskFull(f"{what} would exceed the file size limit")
     reason = os.strerror(exc.errno) if exc.errno else str(exc)
     return OutputError(f"cannot write {what}: {reason}")
 

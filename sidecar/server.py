@@ -55,6 +55,7 @@ class Server:
         self.sidecar = Sidecar(config)
         self.health = health.aio.HealthServicer()
         self._grpc: grpc.aio.Server | None = None
+        self.tcp_port = 0
         self._socket_path = Path(config.socket)
 
     # -- entry points --------------------------------------------------------------------
@@ -103,6 +104,8 @@ class Server:
             address = f"unix:{self._socket_path}"
             if server.add_insecure_port(address) == 0:
                 raise StartupError(f"cannot listen on {address}")
+            if self.config.tcp:
+                self.tcp_port = self._listen_tcp(server)
             await server.start()
             self._grpc = server
             os.chmod(self._socket_path, 0o660 if self.config.shm_group else 0o600)
@@ -134,6 +137,28 @@ class Server:
         with contextlib.suppress(FileNotFoundError):
             self._socket_path.unlink()
         log.info("stopped")
+
+    def _listen_tcp(self, server: grpc.aio.Server) -> int:
+        c = self.config
+        if c.tls_cert:
+            try:
+                key, cert = Path(c.tls_key).read_bytes(), Path(c.tls_cert).read_bytes()
+                ca = Path(c.tls_client_ca).read_bytes() if c.tls_client_ca else None
+            except OSError as exc:
+                raise StartupError(f"cannot read TLS files: {exc}") from None
+            credentials = grpc.ssl_server_credentials(
+                [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
+            )
+            port = server.add_secure_port(c.tcp, credentials)
+        else:
+            log.warning("listening on TCP %s WITHOUT TLS (--insecure)", c.tcp)
+            port = server.add_insecure_port(c.tcp)
+        if port == 0:
+            raise StartupError(f"cannot listen on TCP {c.tcp}")
+        log.info(
+            "also serving on TCP %s (port %d)%s", c.tcp, port, " with TLS" if c.tls_cert else ""
+        )
+        return int(port)
 
     # -- signals -------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import secrets
+import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -310,7 +311,9 @@ class Sidecar:
         )
         return plan, ranges
 
-    async def encode(self, spec: EncodeSpec, received_at: float) -> AsyncIterator[Event]:
+    async def encode(
+        self, spec: EncodeSpec, received_at: float, stop: threading.Event | None = None
+    ) -> AsyncIterator[Event]:
         """A whole video in leases: validate, take the leases, encode, stream events back."""
         self._check_accepting()
         self.stats.requests += 1
@@ -323,11 +326,17 @@ class Sidecar:
             feed.put(placed)
         feed.end()
         validate_ms = (time.perf_counter() - t0) * 1e3
-        async for event in self._execute(spec, plan, feed, audio, received_at, validate_ms):
+        async for event in self._execute(
+            spec, plan, feed, audio, received_at, validate_ms, stop=stop
+        ):
             yield event
 
     async def stream(
-        self, spec: EncodeSpec, messages: AsyncIterator[StreamMessage], received_at: float
+        self,
+        spec: EncodeSpec,
+        messages: AsyncIterator[StreamMessage],
+        received_at: float,
+        stop: threading.Event | None = None,
     ) -> AsyncIterator[Event]:
         """A stream: the encoder starts on the header and takes chunks as they arrive."""
         self._check_accepting()
@@ -341,7 +350,7 @@ class Sidecar:
         reader = asyncio.create_task(self._read_stream(spec, plan, feed, messages, ending))
         try:
             async for event in self._execute(
-                spec, plan, feed, audio, received_at, validate_ms, reader, ending
+                spec, plan, feed, audio, received_at, validate_ms, reader, ending, stop
             ):
                 yield event
         finally:
@@ -404,8 +413,13 @@ class Sidecar:
         validate_ms: float,
         reader: asyncio.Task[None] | None = None,
         ending: dict[str, int] | None = None,
+        stop: threading.Event | None = None,
     ) -> AsyncIterator[Event]:
-        """Run a job, relaying its events; the shared tail of `encode` and `stream`."""
+        """Run a job, relaying its events; the shared tail of `encode` and `stream`.
+
+        `stop`, when given, is the job's cancel flag: the transport sets it when the
+        client goes away or its deadline passes, and the encoder stops at the next frame.
+        """
         loop = self._loop
         assert loop is not None
         events: asyncio.Queue[Progress | Chunk] = asyncio.Queue()
@@ -422,6 +436,8 @@ class Sidecar:
             audio=audio,
             chunk_size=CHUNK_SIZE,
         )
+        if stop is not None:
+            job.cancel = stop
         runner = asyncio.create_task(self._run(job), name=f"encode-{spec.request_id}")
         self._running.add(runner)
         runner.add_done_callback(self._running.discard)

@@ -7,9 +7,11 @@ Thin on purpose. Every domain error becomes a status code in exactly one place,
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import secrets
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import wraps
@@ -154,9 +156,9 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         received_at = time.perf_counter()
         request_id = _request_id(request.request_id)
 
-        def events() -> AsyncIterator[Any]:
+        def events(stop: threading.Event) -> AsyncIterator[Any]:
             spec = encode_spec_from_proto(request, request_id)
-            return self.sidecar.encode(spec, received_at)
+            return self.sidecar.encode(spec, received_at, stop)
 
         async for event in self._relay(request_id, received_at, context, events):
             yield event
@@ -169,11 +171,11 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         header = first.header if first is not None and first.HasField("header") else None
         request_id = _request_id(header.request_id if header is not None else "")
 
-        def events() -> AsyncIterator[Any]:
+        def events(stop: threading.Event) -> AsyncIterator[Any]:
             if header is None:
                 raise InvalidRequest("header", "a stream starts with a header message")
             spec = stream_spec_from_proto(header, request_id)
-            return self.sidecar.stream(spec, stream_messages(requests), received_at)
+            return self.sidecar.stream(spec, stream_messages(requests), received_at, stop)
 
         async for event in self._relay(request_id, received_at, context, events):
             yield event
@@ -183,12 +185,21 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         request_id: str,
         received_at: float,
         context: grpc.aio.ServicerContext,
-        events: Callable[[], AsyncIterator[Any]],
+        events: Callable[[threading.Event], AsyncIterator[Any]],
     ) -> AsyncIterator[pb.EncodeEvent]:
         """Turn domain events into replies, and a domain error into its status, once."""
         outcome = "ok"
+        # The RPC ending early (client gone, deadline passed) stops the encoder.
+        stop = threading.Event()
+        context.add_done_callback(lambda _context: stop.set())
+        remaining = context.time_remaining()
+        deadline = (
+            asyncio.get_running_loop().call_later(max(0.0, remaining), stop.set)
+            if remaining is not None
+            else None
+        )
         try:
-            async for event in events():
+            async for event in events(stop):
                 if isinstance(event, Result) and event.after is not None:
                     context.add_done_callback(_run_after(event.after))
                 yield event_to_proto(event, self.sidecar.config.lease_ttl)
@@ -196,6 +207,8 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
             outcome = status_of(exc).name
             await self._fail(context, exc)
         finally:
+            if deadline is not None:
+                deadline.cancel()
             log.info(
                 "encode request_id=%s status=%s ms=%.1f",
                 request_id,

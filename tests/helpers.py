@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +40,18 @@ class Daemon(DaemonProcess):
             "shutdown_grace": 10,
             "log_level": "info",
         }
-        super().__init__(str(self.dir / "sidecar.sock"), **{**defaults, **options})
+        socket = str(options.pop("socket", self.dir / "sidecar.sock"))
+        super().__init__(socket, **{**defaults, **options})
 
     def start(  # type: ignore[override]
-        self, timeout: float = 30.0, env: dict[str, str] | None = None
+        self,
+        timeout: float = 30.0,
+        env: dict[str, str] | None = None,
+        preexec_fn: Callable[[], Any] | None = None,
     ) -> Daemon:
         with open(self.log_path, "ab") as log:
             try:
-                super().start(timeout, env, output=log)
+                super().start(timeout, env, output=log, preexec_fn=preexec_fn)
             except RuntimeError as exc:
                 raise RuntimeError(f"daemon {exc}:\n{self.log()}") from None
         return self

@@ -1,0 +1,145 @@
+"""Faults survived: the daemon killed, the disk full, /dev/shm too small, deadlines, cancels."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from client import DeadlineExceeded, ResourceExhausted, SidecarClient, SidecarUnavailable
+from client.patterns import moving_pattern
+
+from .conftest import new_prefix
+from .helpers import Daemon, decode
+
+
+def wait_until(predicate, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A small tmpfs of our own, where the machine lets us mount one."""
+    path.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+        capture_output=True, check=False,
+    )  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_daemon_killed_clients_reattach_and_remap(make_daemon) -> None:
+    d = make_daemon()
+    video = moving_pattern(6, 64, 64)
+    with d.client(timeout=5) as c:
+        c.encode(video)
+        old_instance = c.attach().instance_id
+        old_slabs = dict(c._slabs._maps)
+        d.kill()  # SIGKILL: no cleanup at all
+        with pytest.raises(SidecarUnavailable):
+            c.encode(video)
+        stale = d.segments()
+        assert len(stale) == 5  # four slabs and the lock, left behind
+        d.start()
+        assert "removed 4 stale segments" in d.log()
+        assert not set(stale) & set(d.segments()) - {f"{d.prefix}.lock"}
+        # The same client object carries on: new token, new slabs, no help needed.
+        assert wait_until(lambda: _encodes(c, video), timeout=10)
+        assert c.attach().instance_id != old_instance
+        assert c._slabs._maps.keys() == old_slabs.keys()
+        assert all(c._slabs._maps[k] is not old_slabs[k] for k in old_slabs)
+
+
+def _encodes(c: SidecarClient, video: np.ndarray) -> bool:
+    try:
+        return c.encode(video).frames == len(video)
+    except SidecarUnavailable:
+        return False
+
+
+def noisy(frames: int) -> np.ndarray:
+    """Content that compresses badly, so outputs are big."""
+    return np.random.default_rng(1).integers(0, 255, (frames, 144, 256, 3), dtype=np.uint8)
+
+
+def test_output_disk_full(make_daemon, tmp_path: Path) -> None:
+    """A real ENOSPC: the output root on a 1 MiB tmpfs."""
+    with tmpfs(tmp_path / "small", "1M") as root:
+        d = make_daemon(output_dir=str(root))
+        with d.client() as c:
+            with pytest.raises(ResourceExhausted, match="no space left") as info:
+                c.encode(noisy(40), crf=0, path="big/out.mp4")
+            assert info.value.reason == "DiskFull"
+            assert list((root / "big").iterdir()) == []  # the partial file is gone
+            assert c.encode(moving_pattern(2, 32, 32), path="small.mp4").frames == 2
+            status = c.status()
+        assert status.pool["active_leases"] <= 1
+
+
+def test_output_file_size_limit(make_daemon) -> None:
+    """The same failure where mounting is not allowed: a file-size limit on the daemon."""
+    d = make_daemon(start=False, slabs=4, slab_size="1MiB")
+    limit = 3 * 1024 * 1024
+    d.start(preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+    with d.client() as c:
+        with pytest.raises(ResourceExhausted, match="file size limit"):
+            c.encode(noisy(60), crf=0, path="big/out.mp4")
+        assert [p for p in (d.output_dir / "big").iterdir()] == []
+        frames, _ = decode(c.encode(moving_pattern(4, 64, 64)).data or b"")
+        assert len(frames) == 4
+
+
+def test_shm_too_small_is_a_clear_startup_error(tmp_path: Path) -> None:
+    with tmpfs(tmp_path / "shm", "8M") as shm:
+        daemon = Daemon(new_prefix(), shm_dir=str(shm), slabs=2, slab_size="16MiB")
+        try:
+            with pytest.raises(RuntimeError, match="exited with status 1"):
+                daemon.start()
+            log = daemon.log()
+            assert "has 8MiB free but the slab pool needs 32MiB" in log
+            assert os.listdir(shm) == []
+        finally:
+            daemon.cleanup()
+
+
+@pytest.mark.parametrize("frames", [50, 120])  # one Encode call; a stream (over half the pool)
+def test_deadline_stops_the_encode_and_leaves_nothing(make_daemon, frames: int) -> None:
+    d = make_daemon()
+    long_video = moving_pattern(frames, 288, 512)
+    with d.client() as c:
+        with pytest.raises(DeadlineExceeded):
+            c.encode(long_video, preset="veryslow", threads=1, path="late.mp4", timeout=0.5)
+        assert wait_until(lambda: c.status().active_encodes == 0)
+        status = c.status()
+        assert status.pool["active_leases"] == 0
+        assert status.counters["encodes_failed"] >= 1
+    assert list(d.output_dir.iterdir()) == []  # no temp file, no partial output
+
+
+def test_pool_exhausted_is_bounded(make_daemon) -> None:
+    d = make_daemon(slabs=1, slab_size="1MiB", max_lease_wait=0.5)
+    with d.client() as a, d.client() as b:
+        held = a.lease(1024 * 1024)
+        t0 = time.monotonic()
+        with pytest.raises(ResourceExhausted):
+            b.lease(4096, wait=10)  # capped by the daemon's --max-lease-wait
+        assert time.monotonic() - t0 < 3
+        a.release(held)
+        b.release(b.lease(4096))

@@ -1,0 +1,138 @@
+"""Who may touch what: modes, ownership, confinement, limits, TCP only with TLS."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import stat
+import subprocess
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from client import OutOfRange, SidecarClient
+from client.patterns import moving_pattern
+
+from .conftest import new_prefix
+from .helpers import SHM_DIR, Daemon, decode
+
+
+def mode(path: str | Path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_group_mode_for_slabs_and_socket(make_daemon, tmp_path: Path) -> None:
+    group = __import__("grp").getgrgid(os.getgid()).gr_name
+    sock_dir = tmp_path / "run" / "vs"
+    d = make_daemon(shm_group=group, socket=str(sock_dir / "s.sock"))
+    for name in d.segments():
+        assert mode(SHM_DIR / name) in (0o660, 0o600)  # the lock stays 0600
+        if not name.endswith(".lock"):
+            assert mode(SHM_DIR / name) == 0o660
+            assert os.stat(SHM_DIR / name).st_gid == os.getgid()
+    assert mode(sock_dir) == 0o770
+    assert mode(sock_dir / "s.sock") == 0o660
+
+
+def test_private_socket_directory(make_daemon, tmp_path: Path) -> None:
+    sock_dir = tmp_path / "fresh"
+    d = make_daemon(socket=str(sock_dir / "s.sock"))
+    assert mode(sock_dir) == 0o700 and mode(d.socket) == 0o600
+
+
+def test_sweep_never_follows_a_planted_link(tmp_path: Path) -> None:
+    """A segment-named symlink planted in /dev/shm is removed; its target is untouched."""
+    prefix = new_prefix()
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    planted = SHM_DIR / f"{prefix}.deadbeef.0"
+    planted.symlink_to(victim)
+    d = Daemon(prefix).start()
+    try:
+        assert not planted.is_symlink() and victim.read_bytes() == b"precious"
+        assert d.stop() == 0
+    finally:
+        planted.unlink(missing_ok=True)
+        d.cleanup()
+
+
+def test_only_own_segments_are_swept() -> None:
+    prefix = new_prefix()
+    unrelated = SHM_DIR / f"{prefix}-other.deadbeef.0"  # a different prefix
+    odd = SHM_DIR / f"{prefix}.notours"  # not the segment pattern
+    for path in (unrelated, odd):
+        path.write_bytes(b"x")
+    d = Daemon(prefix).start()
+    try:
+        assert unrelated.exists() and odd.exists()
+        assert d.stop() == 0
+    finally:
+        unrelated.unlink(missing_ok=True)
+        odd.unlink(missing_ok=True)
+        d.cleanup()
+
+
+@pytest.mark.parametrize(
+    ("limit", "video", "field"),
+    [
+        ({"max_frames": 10}, moving_pattern(11, 32, 32), "frames"),
+        ({"max_width": 64}, moving_pattern(1, 32, 66), "width"),
+        ({"max_height": 64}, moving_pattern(1, 66, 32), "height"),
+        ({"max_request_bytes": 10000}, moving_pattern(4, 32, 32), "raw bytes"),
+    ],
+)
+def test_configured_limits(make_daemon, limit: dict, video: np.ndarray, field: str) -> None:
+    d = make_daemon(**limit)
+    with d.client() as c:
+        with pytest.raises(OutOfRange, match=field):
+            c.encode(video)
+        assert c.encode(moving_pattern(2, 32, 32)).frames == 2
+
+
+def test_tcp_needs_tls_or_insecure(tmp_path: Path) -> None:
+    daemon = Daemon(new_prefix(), tcp=f"127.0.0.1:{free_port()}")
+    try:
+        with pytest.raises(RuntimeError, match="exited with status 2"):
+            daemon.start()
+    finally:
+        daemon.cleanup()
+
+
+def test_tcp_insecure_when_asked(make_daemon) -> None:
+    port = free_port()
+    d = make_daemon(tcp=f"127.0.0.1:{port}", insecure="true")
+    assert "WITHOUT TLS" in d.log()
+    with SidecarClient(f"127.0.0.1:{port}", transport="inline") as c:
+        frames, _ = decode(c.encode(moving_pattern(3, 32, 32)).data or b"")
+    assert len(frames) == 3
+
+
+def test_tcp_with_tls(make_daemon, tmp_path: Path) -> None:
+    if not shutil.which("openssl"):
+        pytest.skip("openssl is needed to make a test certificate")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    port = free_port()
+    d = make_daemon(tcp=f"127.0.0.1:{port}", tls_cert=str(cert), tls_key=str(key))
+    credentials = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+    with SidecarClient(f"localhost:{port}", credentials=credentials) as c:
+        assert c.health() == "SERVING"
+        assert c.encode(moving_pattern(2, 32, 32)).frames == 2
+    plain = SidecarClient(f"localhost:{port}", timeout=3)  # no TLS: refused
+    with plain, pytest.raises(Exception):  # noqa: B017
+        plain.health()
+    assert d.socket  # the Unix socket serves as before
