@@ -401,7 +401,7 @@ class Sidecar:
                 raise OutOfRange(f"more than {self.limits.max_frames} frames in one stream")
             feed.put(piece)
             index += 1
-        raise Cancelled("the stream ended without an end message")
+        raise InvalidRequest("end", "the stream ended without an end message")
 
     async def _execute(
         self,

@@ -1,0 +1,300 @@
+"""Thousands of malformed requests: the daemon answers each with a client error, never an
+internal one, never reads outside a lease, and keeps serving."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sidecar.api.v1 import sidecar_pb2 as pb
+from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
+
+from .helpers import Daemon
+
+LEASE = 64 * 1024
+CLIENT_ERRORS = {
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.OUT_OF_RANGE,
+    grpc.StatusCode.FAILED_PRECONDITION,
+}
+# A request that happens to be valid is encoded; one naming an existing file is refused.
+ACCEPTABLE = CLIENT_ERRORS | {grpc.StatusCode.OK, grpc.StatusCode.ALREADY_EXISTS}
+COUNTS: Counter[str] = Counter()
+
+I64 = st.one_of(
+    st.integers(-3, 300),
+    st.sampled_from([-(2**63), -(2**31), 2**31 - 1, 2**31, 2**32, 2**48, 2**62, 2**63 - 1]),
+    st.integers(-(2**63), 2**63 - 1),
+)
+U64 = st.one_of(st.integers(0, 300), st.sampled_from([2**32, 2**48, 2**63, 2**64 - 1]))
+HOSTILE_PATHS = st.one_of(
+    st.sampled_from(
+        [
+            "../x.mp4",
+            "/etc/passwd",
+            "a/../../x.mp4",
+            "..",
+            ".",
+            "",
+            "a/",
+            "a\x00b.mp4",
+            "x" * 5000,
+            "link/../../x",
+            "./ok.mp4",
+            "deep/" * 50 + "x.mp4",
+            "ok.mp4",
+        ]
+    ),
+    st.text(st.characters(blacklist_categories=["Cs"]), max_size=40),
+)
+
+
+@pytest.fixture(scope="module")
+def stub(daemon: Daemon) -> Iterator[tuple[pb_grpc.VideoSidecarStub, str]]:
+    with grpc.insecure_channel(f"unix:{daemon.socket}") as channel:
+        s = pb_grpc.VideoSidecarStub(channel)
+        token = s.Attach(pb.AttachRequest(client_name="fuzz")).client_token
+        yield s, token
+    print("\nfuzz answers:", dict(sorted(COUNTS.items())))
+
+
+def call(fn, request) -> grpc.StatusCode:  # type: ignore[no-untyped-def]
+    try:
+        result = fn(request, timeout=30)
+        if hasattr(result, "__iter__") and not isinstance(result, (bytes, str)):
+            for _ in result:
+                pass
+    except grpc.RpcError as err:
+        return err.code()  # type: ignore[no-any-return]
+    return grpc.StatusCode.OK
+
+
+def in_bounds(r: pb.FrameRange, width: int, height: int, fmt: int) -> bool:
+    """Our own check of what the daemon may read: the accepted ranges must pass it."""
+    bpp = {1: 3, 2: 3, 3: 4, 4: 1, 5: 1, 6: 1}[fmt]
+    rows = height * 3 // 2 if fmt in (5, 6) else height
+    row = r.row_stride or width * bpp
+    frame = row * rows
+    stride = r.frame_stride or frame
+    return r.offset >= 0 and r.offset + (r.frame_count - 1) * stride + frame <= LEASE
+
+
+SMALL = st.one_of(st.integers(0, 8), I64)
+ranges = st.builds(
+    lambda lease, offset, count, row, frame: (lease, offset, count, row, frame),
+    st.sampled_from(["mine", "mine", "unknown", "empty", "garbage"]),
+    st.one_of(st.just(0), I64), SMALL, st.one_of(st.just(0), I64), st.one_of(st.just(0), I64),
+)  # fmt: skip
+
+
+@settings(
+    max_examples=1500,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    # Mostly plausible sizes and formats, so the checks behind them are reached too.
+    width=st.one_of(st.sampled_from([16, 32, 64]), I64),
+    height=st.one_of(st.sampled_from([16, 32, 64]), I64),
+    fmt=st.one_of(st.integers(1, 6), st.integers(-3, 12)),
+    fps=st.one_of(st.just((24, 1)), st.tuples(I64, I64)),
+    pieces=st.lists(ranges, min_size=1, max_size=3),
+    codec=st.sampled_from(["", "", "h264", "av1", "vp9", "bogus", "h265\x00"]),
+    crf=st.one_of(st.none(), st.integers(0, 51), st.integers(-(2**31), 2**31 - 1)),
+    preset=st.one_of(st.just(""), st.just("ultrafast"), st.text(max_size=12)),
+    threads=st.one_of(st.just(0), st.integers(0, 2**32 - 1)),
+    path=st.one_of(st.none(), HOSTILE_PATHS),
+    container=st.integers(-2, 6),
+)
+def test_encode_descriptors(
+    stub, width, height, fmt, fps, pieces, codec, crf, preset, threads, path, container
+) -> None:  # type: ignore[no-untyped-def]
+    s, token = stub
+    lease = s.Lease(pb.LeaseRequest(client_token=token, size=LEASE, wait_ms=5000))
+    ids = {"mine": lease.lease_id, "unknown": "ab" * 16, "empty": "", "garbage": "../\x00" * 9}
+    frame_ranges = [
+        pb.FrameRange(lease_id=ids[k], offset=o, frame_count=n, row_stride=rs, frame_stride=fs)
+        for k, o, n, rs, fs in pieces
+    ]
+    options = pb.CodecOptions(codec=codec, preset=preset, threads=threads)
+    if crf is not None:
+        options.crf = crf
+    output = pb.OutputSpec(container=container)  # type: ignore[arg-type]
+    if path is None:
+        output.bytes.SetInParent()
+    else:
+        output.file.path = path
+    request = pb.EncodeRequest(
+        client_token=token,
+        video=pb.VideoDescriptor(
+            width=width,
+            height=height,
+            pixel_format=fmt,  # type: ignore[arg-type]
+            fps=pb.Rational(num=fps[0], den=fps[1]),
+            ranges=frame_ranges,
+        ),
+        codec=options,
+        output=output,
+    )
+    code = call(s.Encode, request)
+    COUNTS[code.name] += 1
+    assert code in ACCEPTABLE, (code, request)
+    if code == grpc.StatusCode.OK:
+        assert frame_ranges and all(r.lease_id == lease.lease_id for r in frame_ranges)
+        assert all(in_bounds(r, width, height, fmt) for r in frame_ranges)
+    call(s.Release, pb.ReleaseRequest(client_token=token, lease_id=lease.lease_id))
+
+
+FIELDS = [
+    "width", "height", "pixel_format", "fps.num", "fps.den", "offset", "frame_count",
+    "row_stride", "frame_stride", "lease_id", "crf", "gop", "threads", "preset", "codec",
+    "path", "container", "extra",
+]  # fmt: skip
+
+
+@settings(
+    max_examples=1000,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(field=st.sampled_from(FIELDS), number=I64, text=HOSTILE_PATHS)
+def test_one_bad_field(stub, field, number, text) -> None:  # type: ignore[no-untyped-def]
+    """A valid request with one field made hostile: each check is reached on its own."""
+    s, token = stub
+    lease = s.Lease(pb.LeaseRequest(client_token=token, size=LEASE, wait_ms=5000))
+    r = pb.FrameRange(lease_id=lease.lease_id, frame_count=4)
+    request = pb.EncodeRequest(
+        client_token=token,
+        video=pb.VideoDescriptor(
+            width=32, height=32, pixel_format=pb.PIXEL_FORMAT_RGB24,
+            fps=pb.Rational(num=24, den=1), ranges=[r],
+        ),
+        codec=pb.CodecOptions(codec="h264"),
+        output=pb.OutputSpec(bytes=pb.BytesOutput()),
+    )  # fmt: skip
+    v, c = request.video, request.codec
+    if field in ("width", "height"):
+        setattr(v, field, number)
+    elif field == "pixel_format":
+        v.pixel_format = number % 64 - 8  # type: ignore[assignment]
+    elif field.startswith("fps."):
+        setattr(v.fps, field[4:], number)
+    elif field in ("offset", "frame_count", "row_stride", "frame_stride"):
+        setattr(r, field, number)
+        v.ranges[0].CopyFrom(r)
+    elif field == "lease_id":
+        v.ranges[0].lease_id = text
+    elif field in ("crf", "gop"):
+        setattr(c, field, max(-(2**31), min(number, 2**31 - 1)))
+    elif field == "threads":
+        c.threads = number % 2**32
+    elif field in ("preset", "codec"):
+        setattr(c, field, text)
+    elif field == "path":
+        request.output.file.path = text
+    elif field == "container":
+        request.output.container = number % 16 - 4  # type: ignore[assignment]
+    else:
+        c.extra[text[:64] or "k"] = text
+    code = call(s.Encode, request)
+    COUNTS["one:" + code.name] += 1
+    assert code in ACCEPTABLE, (code, field, number, text)
+    if code == grpc.StatusCode.OK:
+        assert in_bounds(v.ranges[0], v.width, v.height, v.pixel_format)
+    call(s.Release, pb.ReleaseRequest(client_token=token, lease_id=lease.lease_id))
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    size=U64,
+    wait=st.integers(0, 2**32 - 1),
+    token=st.sampled_from(["good", "bad", ""]),
+    release=st.one_of(st.just("same"), st.text(max_size=80)),
+)
+def test_lease_and_release(stub, size, wait, token, release) -> None:  # type: ignore[no-untyped-def]
+    s, good = stub
+    tok = good if token == "good" else ("f" * 32 if token == "bad" else "")
+    got = None
+    try:
+        got = s.Lease(pb.LeaseRequest(client_token=tok, size=size, wait_ms=min(wait, 200)))
+        code = grpc.StatusCode.OK
+    except grpc.RpcError as err:
+        code = err.code()
+    COUNTS["lease:" + code.name] += 1
+    assert code in CLIENT_ERRORS | {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}
+    if code == grpc.StatusCode.OK:
+        assert 0 < size <= 16 * 1024 * 1024
+    if release != "same":
+        code = call(s.Release, pb.ReleaseRequest(client_token=tok, lease_id=release))
+        COUNTS["release:" + code.name] += 1
+        assert code in CLIENT_ERRORS
+    if got is not None:
+        call(s.Release, pb.ReleaseRequest(client_token=tok, lease_id=got.lease_id))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    header=st.booleans(),
+    width=st.integers(-2, 70),
+    height=st.integers(-2, 70),
+    messages=st.lists(
+        st.one_of(
+            st.tuples(st.just("inline"), st.binary(max_size=20000)),
+            st.tuples(st.just("range"), I64, I64),
+            st.tuples(st.just("end"), st.binary(max_size=64)),
+            st.tuples(st.just("header"), st.just(b"")),
+        ),
+        max_size=5,
+    ),
+)
+def test_stream_messages(stub, header, width, height, messages) -> None:  # type: ignore[no-untyped-def]
+    s, token = stub
+    lease = s.Lease(pb.LeaseRequest(client_token=token, size=LEASE, wait_ms=5000))
+    requests = []
+    if header:
+        requests.append(
+            pb.StreamRequest(
+                header=pb.StreamHeader(
+                    client_token=token, width=width, height=height,
+                    pixel_format=pb.PIXEL_FORMAT_RGB24, fps=pb.Rational(num=24, den=1),
+                    audio=pb.AudioSpec(sample_rate=16000, channels=1,
+                                       sample_format=pb.SAMPLE_FORMAT_S16),
+                )
+            )
+        )  # fmt: skip
+    for kind, *args in messages:
+        if kind == "inline":
+            requests.append(pb.StreamRequest(chunk=pb.StreamChunk(inline=args[0])))
+        elif kind == "range":
+            r = pb.FrameRange(lease_id=lease.lease_id, offset=args[0], frame_count=args[1])
+            requests.append(pb.StreamRequest(chunk=pb.StreamChunk(range=r)))
+        elif kind == "end":
+            audio = [pb.AudioData(inline=args[0])]
+            requests.append(pb.StreamRequest(end=pb.StreamEnd(audio_data=audio)))
+        else:
+            requests.append(pb.StreamRequest(header=pb.StreamHeader()))
+    try:
+        for _ in s.EncodeStream(iter(requests), timeout=30):
+            pass
+        code = grpc.StatusCode.OK
+    except grpc.RpcError as err:
+        code = err.code()
+    COUNTS["stream:" + code.name] += 1
+    assert code in ACCEPTABLE, code
+    call(s.Release, pb.ReleaseRequest(client_token=token, lease_id=lease.lease_id))
+
+
+def test_still_serving_and_nothing_held(daemon: Daemon, stub) -> None:  # type: ignore[no-untyped-def]
+    with daemon.client() as c:
+        assert c.health() == "SERVING"
+        status = c.status()
+        assert status.active_encodes == 0
+        assert status.pool["active_leases"] == 0  # every lease came back
+        assert c.encode(__import__("numpy").zeros((2, 32, 32, 3), "uint8")).frames == 2
+    assert sum(v for k, v in COUNTS.items() if ":" not in k) >= 1500

@@ -1,0 +1,73 @@
+"""Graceful shutdown: NOT_SERVING, new work refused, in-flight encodes finish, slabs go."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from client import SidecarUnavailable
+from client.patterns import moving_pattern
+
+
+def test_sigterm_drains_then_unlinks(make_daemon) -> None:
+    d = make_daemon(shutdown_grace=30)
+    video = moving_pattern(60, 288, 512)
+    outcome: dict[str, object] = {}
+
+    def long_encode() -> None:
+        with d.client() as c:
+            try:
+                outcome["result"] = c.encode(video, preset="slow", threads=1)
+            except Exception as exc:  # the assertion below reports it
+                outcome["error"] = exc
+
+    worker = threading.Thread(target=long_encode)
+    worker.start()
+    with d.client() as probe:
+        deadline = time.monotonic() + 10
+        while probe.status().active_encodes == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        d.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        time.sleep(0.3)
+        assert probe.health() == "NOT_SERVING"
+        with pytest.raises(SidecarUnavailable, match="shutting down"):
+            probe.encode(moving_pattern(2, 32, 32))
+        assert d.segments(), "slabs stay while an encode runs"
+    worker.join(60)
+    assert "error" not in outcome, outcome.get("error")
+    assert outcome["result"].frames == 60  # type: ignore[attr-defined]
+    assert d.process.wait(30) == 0  # type: ignore[union-attr]
+    assert d.segments() == []
+
+
+def test_second_signal_forces_the_exit(make_daemon) -> None:
+    d = make_daemon(shutdown_grace=120)
+    video = np.random.default_rng(0).integers(0, 255, (120, 288, 512, 3), dtype=np.uint8)
+    errors: list[Exception] = []
+
+    def long_encode() -> None:
+        with d.client() as c:
+            try:
+                c.encode(video, preset="veryslow", threads=1, crf=0)
+            except Exception as exc:
+                errors.append(exc)
+
+    worker = threading.Thread(target=long_encode)
+    worker.start()
+    with d.client() as probe:
+        deadline = time.monotonic() + 10
+        while probe.status().active_encodes == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    t0 = time.monotonic()
+    d.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+    time.sleep(0.5)
+    d.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+    assert d.process.wait(30) == 0  # type: ignore[union-attr]
+    assert time.monotonic() - t0 < 20  # far less than the 120 s grace
+    worker.join(30)
+    assert errors, "the cut-short encode reports an error to its client"
+    assert d.segments() == []
