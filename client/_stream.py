@@ -169,11 +169,13 @@ class VideoStream(_StreamCore):
     def write_source(self, source: VideoSource) -> None:
         self._raise_if_failed()
         client = self._client
-        if self.check_geometry(source):
-            self._open(source)
+        opening = self.check_geometry(source)
         att = client.attach()
         for first, count in _core.plan_ranges(source.frames, source.frame_bytes, att):
             if client.inline:
+                if opening:
+                    self._open(source)
+                    opening = False
                 t0 = time.perf_counter()
                 for message in inline_chunks(source, first, count):
                     self._send(message)
@@ -181,6 +183,13 @@ class VideoStream(_StreamCore):
             else:
                 t0 = time.perf_counter()
                 lease = client.lease(count * source.frame_bytes)  # waits: backpressure
+                if opening:  # after a lease, so a stale token (daemon restarted) is renewed
+                    try:
+                        self._open(source)
+                    except BaseException:
+                        client.release(lease)
+                        raise
+                    opening = False
                 t1 = time.perf_counter()
                 try:
                     source.copy_into(lease.array, first, count)
@@ -307,11 +316,13 @@ class AsyncVideoStream(_StreamCore):
         if self.error is not None:
             raise self.error
         client = self._client
-        if self.check_geometry(source):
-            await self._open(source)
+        opening = self.check_geometry(source)
         att = await client.attach()
         for first, count in _core.plan_ranges(source.frames, source.frame_bytes, att):
             if client.inline:
+                if opening:
+                    await self._open(source)
+                    opening = False
                 t0 = time.perf_counter()
                 messages = await asyncio.to_thread(list, inline_chunks(source, first, count))
                 for message in messages:
@@ -320,6 +331,13 @@ class AsyncVideoStream(_StreamCore):
             else:
                 t0 = time.perf_counter()
                 lease = await client.lease(count * source.frame_bytes)
+                if opening:  # after a lease, so a stale token (daemon restarted) is renewed
+                    try:
+                        await self._open(source)
+                    except BaseException:
+                        await client.release(lease)
+                        raise
+                    opening = False
                 t1 = time.perf_counter()
                 try:
                     await asyncio.to_thread(source.copy_into, lease.array, first, count)
