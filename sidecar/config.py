@@ -1,9 +1,12 @@
-"""The daemon's configuration: one typed dataclass is the source of every flag and variable.
+"""The daemon's configuration: one typed dataclass is the source of every setting.
 
-Each field becomes a command-line flag (`--slab-size`) and an environment variable
-(`VIDEO_SIDECAR_SLAB_SIZE`). Precedence, highest first:
+Each field becomes a command-line flag (`--slab-size`), an environment variable
+(`VIDEO_SIDECAR_SLAB_SIZE`) and a key of the optional TOML file (`slab_size`, or
+`slab-size`). Precedence, highest first:
 
-    command-line flag  >  environment variable  >  built-in default
+    command-line flag  >  environment variable  >  config file  >  built-in default
+
+The file is named by `--config` or `VIDEO_SIDECAR_CONFIG`.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import argparse
 import dataclasses
 import os
 import re
+import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -166,6 +170,11 @@ class Config:
         default=64 * 1024**3,
         metadata=_opt("raw bytes per request", parse_size, "SIZE"),
     )
+    metrics: str = field(
+        default="",
+        metadata=_opt("serve Prometheus metrics on HOST:PORT (needs prometheus-client)",
+                      metavar="HOST:PORT"),
+    )  # fmt: skip
     shutdown_grace: float = field(
         default=30.0,
         metadata=_opt("seconds in-flight encodes get to finish on SIGTERM", float, "SECONDS"),
@@ -201,6 +210,8 @@ class Config:
             problems.append(
                 "listening on TCP needs TLS (--tls-cert, --tls-key) or an explicit --insecure"
             )
+        if self.metrics and not re.fullmatch(r"\[?[\w.:-]*\]?:\d{1,5}", self.metrics):
+            problems.append(f"metrics must be HOST:PORT, got {self.metrics!r}")
         if self.tcp and not re.fullmatch(r"\[?[\w.:-]*\]?:\d{1,5}", self.tcp):
             problems.append(f"tcp must be HOST:PORT, got {self.tcp!r}")
         if problems:
@@ -233,26 +244,96 @@ class Config:
             )
 
     @classmethod
+    def add_config_argument(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--config",
+            dest="config_file",
+            default=None,
+            metavar="FILE",
+            help=f"TOML file of settings (keys as the flags) [env {ENV_PREFIX}CONFIG]",
+        )
+
+    @classmethod
     def load(
         cls,
         args: argparse.Namespace | Mapping[str, Any] | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> Config:
-        """Build a config from parsed flags and the environment, in precedence order."""
+        """Build a config from flags, environment and file, in precedence order."""
+        return cls.load_with_sources(args, environ)[0]
+
+    @classmethod
+    def load_with_sources(
+        cls,
+        args: argparse.Namespace | Mapping[str, Any] | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> tuple[Config, dict[str, str]]:
+        """The config, and where each value came from: flag, env, file or default."""
         environ = os.environ if environ is None else environ
         given = vars(args) if isinstance(args, argparse.Namespace) else dict(args or {})
+        file = given.get("config_file") or environ.get(ENV_PREFIX + "CONFIG") or ""
+        from_file = read_file(file) if file else {}
         values: dict[str, Any] = {}
+        sources: dict[str, str] = {}
         for f in dataclasses.fields(cls):
-            if given.get(f.name) is not None:
-                values[f.name] = given[f.name]
-                continue
+            parse = f.metadata["parse"]
             raw = environ.get(cls.env_name(f.name))
-            if raw is not None and raw != "":
+            if given.get(f.name) is not None:
+                values[f.name], sources[f.name] = given[f.name], "flag"
+            elif raw is not None and raw != "":
                 try:
-                    values[f.name] = f.metadata["parse"](raw)
+                    values[f.name] = parse(raw)
                 except ValueError as exc:
                     raise ValueError(f"{cls.env_name(f.name)}: {exc}") from None
-        return cls(**values)
+                sources[f.name] = "env"
+            elif f.name in from_file:
+                value = from_file[f.name]
+                try:
+                    values[f.name] = parse(str(value)) if not isinstance(value, bool) else value
+                except ValueError as exc:
+                    raise ValueError(f"{file}: {f.name}: {exc}") from None
+                sources[f.name] = f"file {file}"
+            else:
+                sources[f.name] = "default"
+        return cls(**values), sources
+
+    def to_toml(self, sources: Mapping[str, str] | None = None) -> str:
+        """The settings as a TOML file would give them, each with where it came from."""
+        lines = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool):
+                text = "true" if value else "false"
+            elif isinstance(value, (int, float)):
+                text = repr(value)
+            else:
+                text = '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+            note = f"  # {sources[f.name]}" if sources else ""
+            lines.append(f"{f.name} = {text}{note}")
+        return "\n".join(lines) + "\n"
+
+
+def read_file(path: str | Path) -> dict[str, Any]:
+    """Settings from a TOML file; keys may use '_' or '-'. Unknown keys are errors."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise ValueError(f"cannot read config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"config file {path}: {exc}") from None
+    known = {f.name for f in dataclasses.fields(Config)}
+    settings = {}
+    for key, value in data.items():
+        name = key.replace("-", "_")
+        if name not in known:
+            raise ValueError(f"config file {path}: unknown setting {key!r}")
+        settings[name] = value
+    return settings
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -26,6 +26,7 @@ from .api.v1 import sidecar_pb2 as pb
 from .api.v1 import sidecar_pb2_grpc as pb_grpc
 from .config import Config, runtime_dir
 from .errors import StartupError
+from .metrics import Metrics
 from .service import Sidecar
 from .servicer import VideoSidecarServicer
 
@@ -91,7 +92,15 @@ class Server:
                     ("grpc.so_reuseport", 0),
                 ]
             )
-            pb_grpc.add_VideoSidecarServicer_to_server(VideoSidecarServicer(self.sidecar), server)
+            observer = None
+            if self.config.metrics:
+                metrics = Metrics(self.sidecar)
+                metrics.serve(self.config.metrics)
+                observer = metrics.observe
+                log.info("metrics on http://%s/metrics", self.config.metrics)
+            pb_grpc.add_VideoSidecarServicer_to_server(
+                VideoSidecarServicer(self.sidecar, observer), server
+            )
             health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
             reflection.enable_server_reflection(
                 (

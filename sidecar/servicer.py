@@ -119,9 +119,13 @@ def _mapped(handler: H) -> H:
     return wrapper  # type: ignore[return-value]
 
 
+Observer = Callable[[str, float, int, int], None]  # code, seconds, frames, bytes
+
+
 class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
-    def __init__(self, sidecar: Sidecar) -> None:
+    def __init__(self, sidecar: Sidecar, observer: Observer | None = None) -> None:
         self.sidecar = sidecar
+        self.observer = observer  # e.g. Prometheus metrics
 
     async def _fail(self, context: grpc.aio.ServicerContext, exc: SidecarError) -> None:
         code = status_of(exc)
@@ -188,7 +192,8 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         events: Callable[[threading.Event], AsyncIterator[Any]],
     ) -> AsyncIterator[pb.EncodeEvent]:
         """Turn domain events into replies, and a domain error into its status, once."""
-        outcome = "ok"
+        outcome = "OK"
+        frames = size = 0
         # The RPC ending early (client gone, deadline passed) stops the encoder.
         stop = threading.Event()
         context.add_done_callback(lambda _context: stop.set())
@@ -200,22 +205,38 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         )
         try:
             async for event in events(stop):
-                if isinstance(event, Result) and event.after is not None:
-                    context.add_done_callback(_run_after(event.after))
+                if isinstance(event, Result):
+                    frames, size = event.frames, event.size_bytes
+                    if event.after is not None:
+                        context.add_done_callback(_run_after(event.after))
                 yield event_to_proto(event, self.sidecar.config.lease_ttl)
         except SidecarError as exc:
             outcome = status_of(exc).name
             await self._fail(context, exc)
+        except asyncio.CancelledError:
+            outcome = "CANCELLED"
+            raise
         finally:
             if deadline is not None:
                 deadline.cancel()
+            seconds = time.perf_counter() - received_at
             log.info(
-                "encode request_id=%s status=%s ms=%.1f",
+                "encode request_id=%s status=%s frames=%d bytes=%d ms=%.1f",
                 request_id,
                 outcome,
-                (time.perf_counter() - received_at) * 1e3,
-                extra={"request_id": request_id, "status": outcome},
+                frames,
+                size,
+                seconds * 1e3,
+                extra={
+                    "request_id": request_id,
+                    "status": outcome,
+                    "frames": frames,
+                    "bytes": size,
+                    "ms": round(seconds * 1e3, 1),
+                },
             )
+            if self.observer is not None:
+                self.observer(outcome, seconds, frames, size)
 
 
 def _request_id(given: str) -> str:

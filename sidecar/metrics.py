@@ -1,0 +1,102 @@
+"""Prometheus metrics, served over HTTP when `--metrics HOST:PORT` is set.
+
+prometheus-client is an optional extra (`pip install 'video-sidecar[metrics]'`); nothing
+here is imported unless metrics are asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from .errors import StartupError
+
+if TYPE_CHECKING:
+    from .service import Sidecar
+
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class Metrics:
+    """Request counters and an encode-time histogram, plus the daemon's state at scrape."""
+
+    def __init__(self, sidecar: Sidecar) -> None:
+        try:
+            import prometheus_client as prom
+        except ImportError:
+            raise StartupError(
+                "--metrics needs prometheus-client: pip install 'video-sidecar[metrics]'"
+            ) from None
+        self._prom = prom
+        self.registry = prom.CollectorRegistry()
+        self.requests = prom.Counter(
+            "video_sidecar_requests",
+            "Encode requests by final gRPC status code",
+            ["code"],
+            registry=self.registry,
+        )
+        self.encode_seconds = prom.Histogram(
+            "video_sidecar_encode_seconds",
+            "Time from an encode request to its result",
+            buckets=BUCKETS,
+            registry=self.registry,
+        )
+        self.frames = prom.Counter("video_sidecar_frames", "Frames encoded", registry=self.registry)
+        self.bytes = prom.Counter(
+            "video_sidecar_output_bytes", "Encoded bytes produced", registry=self.registry
+        )
+        self.registry.register(_StateCollector(sidecar, prom))
+
+    def observe(self, code: str, seconds: float, frames: int, nbytes: int) -> None:
+        self.requests.labels(code=code).inc()
+        if code == "OK":
+            self.encode_seconds.observe(seconds)
+            self.frames.inc(frames)
+            self.bytes.inc(nbytes)
+
+    def serve(self, address: str) -> None:
+        host, _, port = address.rpartition(":")
+        self._prom.start_http_server(int(port), addr=host.strip("[]") or "127.0.0.1",
+                                     registry=self.registry)  # fmt: skip
+
+    def render(self) -> bytes:
+        return self._prom.generate_latest(self.registry)  # type: ignore[no-any-return]
+
+
+class _StateCollector:
+    """Pool occupancy, leases and encodes, read from the daemon when scraped."""
+
+    def __init__(self, sidecar: Sidecar, prom: Any) -> None:
+        self.sidecar = sidecar
+        self.core = prom.core
+
+    def collect(self) -> Iterator[Any]:
+        core, s = self.core, self.sidecar.status()
+        pool = core.GaugeMetricFamily(
+            "video_sidecar_pool_bytes", "Slab pool bytes", labels=["state"]
+        )
+        pool.add_metric(["total"], s.pool.total_bytes)
+        pool.add_metric(["leased"], s.pool.leased_bytes)
+        yield pool
+        yield core.GaugeMetricFamily(
+            "video_sidecar_leases_active", "Leases held now", value=s.pool.active_leases
+        )
+        yield core.CounterMetricFamily(
+            "video_sidecar_lease_expiries", "Leases reclaimed after their TTL",
+            value=s.leases_expired,
+        )  # fmt: skip
+        yield core.CounterMetricFamily(
+            "video_sidecar_leases_granted", "Leases granted", value=s.leases_granted
+        )
+        yield core.GaugeMetricFamily(
+            "video_sidecar_encodes_active", "Encodes running now", value=s.active_encodes
+        )
+        yield core.GaugeMetricFamily(
+            "video_sidecar_encodes_queued", "Encodes waiting for a slot", value=s.queued_encodes
+        )
+        errors = core.CounterMetricFamily(
+            "video_sidecar_errors", "Errors answered, by gRPC status code", labels=["code"]
+        )
+        for code, count in sorted(s.stats.errors.items()):
+            errors.add_metric([code], count)
+        yield errors
