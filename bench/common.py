@@ -151,4 +151,5 @@ def encode_settings() -> dict[str, Any]:
 
 
 def as_host(video: Any) -> np.ndarray:
-    return video.cpu().numpy() if hasattr(video, "cpu") else video
+    host: np.ndarray = video.cpu().numpy() if hasattr(video, "cpu") else video
+    return host

@@ -158,7 +158,7 @@ class FfmpegPipe(Variant):
                 "-crf", str(SETTINGS["crf"]), "-pix_fmt", "yuv420p",
                 "-movflags", "+faststart", str(out),
             ]  # fmt: skip
-            subprocess.run(cmd, input=memoryview(np.ascontiguousarray(host)), check=True)
+            subprocess.run(cmd, input=np.ascontiguousarray(host).tobytes(), check=True)
             return out.read_bytes()
 
 

@@ -1,4 +1,4 @@
-"""Command line: `video-sidecar serve | demo | status`."""
+"""Command line: `video-sidecar serve | demo | status | health | config | encode | bench`."""
 
 from __future__ import annotations
 
@@ -24,7 +24,15 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="run the daemon")
+    Config.add_config_argument(serve)
     Config.add_arguments(serve)
+
+    config = commands.add_parser(
+        "config", help="print the effective configuration, and where each value comes from"
+    )
+    Config.add_config_argument(config)
+    Config.add_arguments(config)
+    config.add_argument("--json", action="store_true", help="print JSON")
 
     socket_help = "daemon socket [env VIDEO_SIDECAR_SOCKET]"
     demo = commands.add_parser(
@@ -40,6 +48,32 @@ def build_parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="show pool occupancy, encodes and counters")
     status.add_argument("--socket", help=socket_help)
     status.add_argument("--json", action="store_true", help="print JSON")
+
+    health = commands.add_parser(
+        "health", help="exit 0 if the daemon answers SERVING (for probes and HEALTHCHECK)"
+    )
+    health.add_argument("--socket", help=socket_help)
+    health.add_argument("--timeout", type=float, default=5.0)
+
+    encode = commands.add_parser("encode", help="encode a .npy video (frames as uint8 or float)")
+    encode.add_argument("source", metavar="FILE.npy")
+    encode.add_argument("-o", "--output", default="", help="local file to write (FILE.mp4)")
+    encode.add_argument("--socket", help=socket_help)
+    encode.add_argument("--fps", type=float, default=24.0)
+    encode.add_argument("--codec", default="", help="h264 (default), h265, av1, vp9 (webm)")
+    encode.add_argument("--crf", type=int)
+    encode.add_argument("--preset")
+    encode.add_argument("--pixel-format", help="rgb24 (default), yuv420p, nv12, ...")
+    encode.add_argument("--layout", help="THWC, TCHW, CTHW or BCTHW")
+    encode.add_argument("--value-range", default="0,1", help="for floats: 0,1 or -1,1")
+    encode.add_argument("--container", default="mp4", choices=["mp4", "fmp4", "webm"])
+    encode.add_argument("--audio", default="", metavar="PCM.npy", help="(samples, channels)")
+    encode.add_argument("--sample-rate", type=int)
+
+    bench = commands.add_parser(
+        "bench", help="run the benchmark (python -m bench) from a source checkout"
+    )
+    bench.add_argument("args", nargs="*", help="arguments for python -m bench (see its --help)")
     return parser
 
 
@@ -117,9 +151,89 @@ def status(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"serve": serve, "demo": demo, "status": status}
+def config(args: argparse.Namespace) -> int:
+    try:
+        effective, sources = Config.load_with_sources(args)
+    except ValueError as exc:
+        print(f"video-sidecar: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"config": effective.as_dict(), "sources": sources}, indent=2))
+    else:
+        print(effective.to_toml(sources), end="")
+    return 0
+
+
+def health(args: argparse.Namespace) -> int:
+    from client import SidecarClient, SidecarError
+
+    try:
+        with SidecarClient(_socket(args.socket), timeout=args.timeout) as client:
+            state = client.health()
+    except SidecarError as exc:
+        print(f"unreachable: {exc}", file=sys.stderr)
+        return 1
+    print(state)
+    return 0 if state == "SERVING" else 1
+
+
+def encode(args: argparse.Namespace) -> int:
+    from .tool import EncodeCommand, run
+
+    logs.configure("warning")
+    try:
+        low, high = (float(v) for v in args.value_range.split(","))
+    except ValueError:
+        print("video-sidecar: --value-range takes LOW,HIGH, e.g. -1,1", file=sys.stderr)
+        return 2
+    return run(
+        EncodeCommand(
+            source=args.source,
+            output=args.output,
+            socket=_socket(args.socket),
+            fps=args.fps,
+            codec=args.codec,
+            crf=args.crf,
+            preset=args.preset,
+            pixel_format=args.pixel_format,
+            layout=args.layout,
+            value_range=(low, high),
+            container=args.container,
+            audio=args.audio,
+            sample_rate=args.sample_rate,
+        )
+    )
+
+
+def bench(args: argparse.Namespace) -> int:
+    if os.path.exists(os.path.join("bench", "__main__.py")) and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # a source checkout: its bench/ is not installed
+    try:
+        from bench.__main__ import main as bench_main
+    except ImportError:
+        print(
+            "video-sidecar bench runs the benchmark of a source checkout: run it from the "
+            "repository's root (it holds bench/), or use `python -m bench` there",
+            file=sys.stderr,
+        )
+        return 2
+    return bench_main(args.args)
+
+
+COMMANDS = {
+    "serve": serve,
+    "demo": demo,
+    "status": status,
+    "health": health,
+    "config": config,
+    "encode": encode,
+    "bench": bench,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:  # everything after it belongs to the benchmark
+        return bench(argparse.Namespace(args=argv[1:]))
     args = build_parser().parse_args(argv)
     return COMMANDS[args.command](args)

@@ -297,6 +297,9 @@ class Config:
                 sources[f.name] = "default"
         return cls(**values), sources
 
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
     def to_toml(self, sources: Mapping[str, str] | None = None) -> str:
         """The settings as a TOML file would give them, each with where it came from."""
         lines = []
@@ -334,6 +337,3 @@ def read_file(path: str | Path) -> dict[str, Any]:
             raise ValueError(f"config file {path}: unknown setting {key!r}")
         settings[name] = value
     return settings
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)

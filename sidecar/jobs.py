@@ -177,6 +177,7 @@ class EncodeJob:
             raise error from exc
         finally:
             self.feed.release_all()
+            self._slabs = []  # no view of a slab outlives the job
         t = encoder.timings
         return EncodeOutcome(
             frames=encoder.frames,

@@ -15,7 +15,7 @@ import secrets
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -489,7 +489,7 @@ class Sidecar:
                 audio_samples=outcome.audio_samples,
                 timings_ms=timings,
                 next_lease=next_lease,
-                after=(lambda: self._prepare_next(job)) if job.warmable else None,
+                after=self._prepare_next(job) if job.warmable else None,
             )
         except BaseException:
             if not finished:
@@ -568,16 +568,19 @@ class Sidecar:
             if not job.started:  # a job that never ran still owns its leases
                 job.feed.release_all()
 
-    def _prepare_next(self, job: EncodeJob) -> None:
-        """Open the next encoder for these settings in the background (short clips only)."""
-        if not job.warmable or self._warm_executor is None:
-            return
-        plan, threads, thread_type = job.plan, job.threads, job.thread_type
-        self._warm_executor.submit(
-            self.warm.fill,
-            job.key,
-            lambda: warm_up(plan.geometry, plan.codec, threads, thread_type),
-        )
+    def _prepare_next(self, job: EncodeJob) -> Callable[[], None]:
+        """What opens the next encoder for these settings in the background; it holds the
+        settings only, not the job (whose slab views must not outlive it)."""
+        geometry, codec, key = job.plan.geometry, job.plan.codec, job.key
+        threads, thread_type = job.threads, job.thread_type
+
+        def open_next() -> None:
+            if self._warm_executor is not None:
+                self._warm_executor.submit(
+                    self.warm.fill, key, lambda: warm_up(geometry, codec, threads, thread_type)
+                )
+
+        return open_next
 
     def _threading(self, job: EncodeJob) -> tuple[int, str]:
         """Threads for a job: the request's or config's count, else a share of the cores."""
