@@ -112,6 +112,13 @@ def test_daemonset_uses_host_paths() -> None:
     assert ds["spec"]["selector"]["matchLabels"] == ds["spec"]["template"]["metadata"]["labels"]
 
 
+@pytest.mark.parametrize("name", ["pod.yaml", "daemonset.yaml"])
+def test_manifests_match_the_kubernetes_schema(name: str) -> None:
+    validator = pytest.importorskip("kubernetes_validate")
+    for doc in load_all(f"kubernetes/{name}"):
+        validator.validate(doc, validator.latest_version(), strict=True)
+
+
 def test_kubeconform_if_installed() -> None:
     if not shutil.which("kubeconform"):
         pytest.skip("kubeconform is not installed")
