@@ -67,8 +67,10 @@ class _StateCollector:
     """Pool occupancy, leases and encodes, read from the daemon when scraped."""
 
     def __init__(self, sidecar: Sidecar, prom: Any) -> None:
+        from prometheus_client import core
+
         self.sidecar = sidecar
-        self.core = prom.core
+        self.core = core
 
     def collect(self) -> Iterator[Any]:
         core, s = self.core, self.sidecar.status()

@@ -120,3 +120,15 @@ def test_python_m_sidecar_works() -> None:
         [sys.executable, "-m", "sidecar", "--version"], capture_output=True, text=True, check=False
     )
     assert out.returncode == 0 and "video-sidecar" in out.stdout
+
+
+def test_diffusion_worker_example(daemon: Daemon) -> None:
+    pytest.importorskip("torch")
+    example = Path(__file__).resolve().parent.parent / "examples" / "diffusion_worker.py"
+    result = subprocess.run(
+        [sys.executable, str(example), "--frames", "12", "--height", "64", "--width", "96",
+         "--chunk", "4", "--socket", daemon.socket],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "whole video:" in result.stdout and "streamed:" in result.stdout
