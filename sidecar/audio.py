@@ -21,7 +21,6 @@ from .errors import InvalidRequest
 SAMPLE_DTYPES: dict[str, np.dtype[Any]] = {"f32": np.dtype("<f4"), "s16": np.dtype("<i2")}
 AAC_RATES = (96000, 88200, 64000, 48000, 44100, 32000, 24000, 22050, 16000, 12000, 11025, 8000)
 MAX_CHANNELS = 8
-MAX_AUDIO_BYTES = 1 << 32
 
 
 @dataclass(frozen=True)

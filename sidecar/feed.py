@@ -49,7 +49,6 @@ class FrameFeed:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _room: threading.Condition = field(default_factory=threading.Condition)
     _inline_bytes: int = 0
-    closed: bool = False
     abandoned: bool = False
 
     def put(self, piece: Piece) -> None:
@@ -60,7 +59,6 @@ class FrameFeed:
         self._queue.put(piece)
 
     def end(self, audio: np.ndarray | None = None) -> None:
-        self.closed = True
         self._queue.put(End(audio))
 
     def get(self, cancel: threading.Event) -> Piece | End | None:
@@ -107,10 +105,6 @@ class FrameFeed:
                 del self._owned[piece.lease.id]
         if done:
             self.leases.free([piece.lease])
-
-    def owned(self) -> list[Lease]:
-        with self._lock:
-            return list(self._owned.values())
 
     def release_all(self) -> None:
         """Free every lease still held (after a failure or a cancel)."""

@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -26,6 +26,7 @@ from .errors import Cancelled, EncodeFailed, SidecarError
 from .feed import End, FrameFeed, InlineFrames, Piece
 from .frames import Geometry, PlacedRange, borrow_frames
 from .output import FileTarget, output_error
+from .shm import Slab
 from .warm import EncoderKey, WarmPool, open_in_memory
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ class EncodeJob:
     def __init__(
         self,
         plan: EncodePlan,
-        slabs: list[np.ndarray],
+        slabs: Sequence[Slab],
         feed: FrameFeed,
         emit: Callable[[Progress | Chunk], None],
         warm: WarmPool | None = None,
@@ -167,9 +168,11 @@ class EncodeJob:
                 plan.target.discard()
             if memfd is not None:
                 os.close(memfd)
-            if encoder is None or encoder.frames == 0:
+            refused = not self.cancel.is_set() and not isinstance(exc, Cancelled)
+            if refused and (encoder is None or encoder.frames == 0):
                 # Refused before reading a frame (e.g. the codec rejected an option):
-                # the client keeps its leases and may fix the request and retry.
+                # the client keeps its leases and may fix the request and retry. A client
+                # that went away gets nothing back: everything is freed below.
                 self.feed.give_back_all()
             error = self._classify(exc)
             if error is exc:
@@ -177,7 +180,6 @@ class EncodeJob:
             raise error from exc
         finally:
             self.feed.release_all()
-            self._slabs = []  # no view of a slab outlives the job
         t = encoder.timings
         return EncodeOutcome(
             frames=encoder.frames,
@@ -222,7 +224,8 @@ class EncodeJob:
         if isinstance(piece, InlineFrames):
             return piece.frames
         assert isinstance(piece, PlacedRange)
-        return borrow_frames(self._slabs[piece.lease.slab_id], self.plan.geometry, piece)
+        # Looked up per piece: the job never keeps a view of a slab beyond its frames.
+        return borrow_frames(self._slabs[piece.lease.slab_id].array, self.plan.geometry, piece)
 
     # -- opening -------------------------------------------------------------------------
 

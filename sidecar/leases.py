@@ -142,13 +142,6 @@ class LeaseTable:
         if freed:
             self._notify()
 
-    def renew(self, owner: str, lease_id: str) -> Lease:
-        """Push a held lease's expiry one TTL into the future."""
-        with self._lock:
-            lease = self._get(owner, lease_id)
-            lease.expires_at = self._clock() + self.ttl
-            return lease
-
     # -- reclaiming ----------------------------------------------------------------------
 
     def expire(self) -> list[Lease]:
@@ -166,20 +159,6 @@ class LeaseTable:
         if stale:
             self._notify()
         return stale
-
-    def drop_owner(self, owner: str) -> int:
-        """Reclaim every held lease of one client (e.g. when it re-attaches)."""
-        with self._lock:
-            mine = [
-                lease
-                for lease in self._leases.values()
-                if lease.owner == owner and not lease.encoding
-            ]
-            for lease in mine:
-                self._drop(lease)
-        if mine:
-            self._notify()
-        return len(mine)
 
     # -- reporting -----------------------------------------------------------------------
 

@@ -356,8 +356,8 @@ class Sidecar:
         finally:
             if not reader.done():
                 reader.cancel()
-                with contextlib.suppress(BaseException):
-                    await reader
+            with contextlib.suppress(BaseException):
+                await reader  # also retrieves an error nobody else looked at
 
     async def _read_stream(
         self,
@@ -429,7 +429,7 @@ class Sidecar:
 
         job = EncodeJob(
             plan,
-            [slab.array for slab in self.slabset.slabs],
+            self.slabset.slabs,
             feed,
             emit,
             self.warm,
@@ -447,11 +447,15 @@ class Sidecar:
             watch = {runner} if reader is None else {runner, reader}
             while not runner.done():
                 getter = asyncio.ensure_future(events.get())
-                done, _ = await asyncio.wait({getter, *watch}, return_when=asyncio.FIRST_COMPLETED)
-                if getter.done():
+                try:
+                    done, _ = await asyncio.wait(
+                        {getter, *watch}, return_when=asyncio.FIRST_COMPLETED
+                    )
+                finally:
+                    if not getter.done():
+                        getter.cancel()
+                if getter.done() and not getter.cancelled():
                     yield getter.result()
-                else:
-                    getter.cancel()
                 if reader is not None and reader in done:
                     watch.discard(reader)
                     if reader.exception() is not None:

@@ -33,6 +33,16 @@ def new_prefix() -> str:
     return f"{SESSION_PREFIX}-{next(_counter)}"
 
 
+# Lines a healthy daemon never logs, whatever its clients did.
+BAD_LOG_LINES = ("Task was destroyed", "never retrieved", "borrowed views", "Traceback")
+
+
+def assert_clean_log(daemon: Daemon) -> None:
+    log = daemon.log()
+    for line in BAD_LOG_LINES:
+        assert line not in log, f"daemon log holds {line!r}:\n{log[-3000:]}"
+
+
 @pytest.fixture
 def make_daemon() -> Iterator[Callable[..., Daemon]]:
     """Start daemons with their own prefix; each is stopped (and checked) afterwards."""
@@ -48,6 +58,7 @@ def make_daemon() -> Iterator[Callable[..., Daemon]]:
         try:
             if daemon.process is not None and daemon.process.poll() is None:
                 assert daemon.stop() == 0, daemon.log()
+                assert_clean_log(daemon)
             assert daemon.segments() == [], "daemon left segments behind"
         finally:
             daemon.cleanup()
@@ -61,6 +72,7 @@ def daemon() -> Iterator[Daemon]:
     try:
         assert d.stop() == 0, d.log()
         assert d.segments() == []
+        assert_clean_log(d)
     finally:
         d.cleanup()
 

@@ -91,18 +91,18 @@ def test_expiry_skips_leases_in_an_encode() -> None:
     assert t.usage().leased_bytes == 0
 
 
-def test_renew_and_untake() -> None:
+def test_untake_gives_a_fresh_ttl() -> None:
     clock = Clock()
     t = table(clock)
     lease = t.grant("c", MiB)
     assert lease is not None
-    clock.now += 8
-    t.renew("c", lease.id)
-    clock.now += 8
-    assert t.expire() == []
     t.take("c", [lease.id])
+    clock.now += 20  # in an encode: no expiry
+    assert t.expire() == []
     t.untake([lease])
     assert not lease.encoding
+    clock.now += 9
+    assert t.expire() == []  # the TTL starts again when given back
     t.release("c", lease.id)
 
 
@@ -115,15 +115,6 @@ def test_free_is_idempotent_and_notifies() -> None:
     t.free([lease])
     assert calls == [1]
     assert t.usage().leased_bytes == 0
-
-
-def test_drop_owner() -> None:
-    t = table()
-    for _ in range(3):
-        t.grant("gone", MiB)
-    keep = t.grant("stays", MiB)
-    assert t.drop_owner("gone") == 3
-    assert keep is not None and t.lookup("stays", keep.id) is keep
 
 
 def test_usage() -> None:
