@@ -140,6 +140,7 @@ class EncodeJob:
         plan = self.plan
         memfd: int | None = None
         encoder: VideoEncoder | None = None
+        error: BaseException | None = None
         self.started = True
         try:
             encoder, memfd = self._open()
@@ -175,11 +176,13 @@ class EncodeJob:
                 # that went away gets nothing back: everything is freed below.
                 self.feed.give_back_all()
             error = self._classify(exc)
-            if error is exc:
-                raise
-            raise error from exc
         finally:
             self.feed.release_all()
+        if error is not None:
+            # Raised here, bare: the frames of a failed encode hold views of slab memory,
+            # and no traceback may keep them alive past the job.
+            raise error.with_traceback(None)
+        assert encoder is not None
         t = encoder.timings
         return EncodeOutcome(
             frames=encoder.frames,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import gc
 import grp
 import logging
 import mmap
@@ -110,6 +111,7 @@ class SlabSet:
 
     def close(self) -> None:
         """Unmap and unlink every slab, then release the prefix lock."""
+        gc.collect()  # views in reference cycles must go before the mappings can
         for slab in self.slabs:
             slab.close()
             with contextlib.suppress(FileNotFoundError):
