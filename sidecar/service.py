@@ -441,6 +441,8 @@ class Sidecar:
         runner = asyncio.create_task(self._run(job), name=f"encode-{spec.request_id}")
         self._running.add(runner)
         runner.add_done_callback(self._running.discard)
+        # When the client is gone nobody awaits the runner's end; its error is expected.
+        runner.add_done_callback(lambda task: task.cancelled() or task.exception())
         outcome: EncodeOutcome | None = None
         finished = False
         try:
