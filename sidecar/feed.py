@@ -140,7 +140,7 @@ class InlineAssembler:
         if not whole:
             return None
         cut = whole * self.frame_bytes
-        frames = np.frombuffer(bytes(self._buffer[:cut]), dtype=np.uint8)
+        frames = np.frombuffer(self._buffer[:cut], dtype=np.uint8)  # the slice is the one copy
         del self._buffer[:cut]
         return InlineFrames(frames.reshape(whole, *self.frame_shape))
 

@@ -133,6 +133,7 @@ class EncodeJob:
         self.thread_type = "FRAME"
         self.queue_s = 0.0
         self.started = False
+        self._writer: ChunkWriter | None = None  # fragmented MP4 streamed back
 
     # -- the run -------------------------------------------------------------------------
 
@@ -261,8 +262,9 @@ class EncodeJob:
         sink: str | BinaryIO
         memfd = None
         if plan.streams_bytes:
-            self._writer = ChunkWriter(self._emit, self._chunk_size)
-            sink = self._writer  # type: ignore[assignment]
+            writer = ChunkWriter(self._emit, self._chunk_size)
+            self._writer = writer
+            sink = writer  # type: ignore[assignment]
         elif plan.target is None:
             memfd = os.memfd_create("video-sidecar-out", os.MFD_CLOEXEC)
             sink = f"/proc/self/fd/{memfd}"
@@ -286,8 +288,7 @@ class EncodeJob:
 
     @property
     def _streamed(self) -> int:
-        writer = getattr(self, "_writer", None)
-        return writer.offset if writer is not None else 0
+        return self._writer.offset if self._writer is not None else 0
 
     @staticmethod
     def _write(memfd: int, target: FileTarget) -> None:
