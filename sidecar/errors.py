@@ -21,13 +21,20 @@ nothing below the servicer knows about gRPC.
 
 from __future__ import annotations
 
+from .vocabulary import Reason
+
 
 class SidecarError(Exception):
     """Base class of every error the daemon reports to a client."""
 
+    reason: Reason = Reason.ENCODE_FAILED  # each class below names its own
+    field: str = ""
+
 
 class InvalidRequest(SidecarError):
     """A request field is malformed or inconsistent."""
+
+    reason = Reason.INVALID_REQUEST
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
@@ -37,45 +44,67 @@ class InvalidRequest(SidecarError):
 class NotAttached(SidecarError):
     """The client token is unknown, for example after a daemon restart."""
 
+    reason = Reason.NOT_ATTACHED
+
 
 class LeaseNotFound(SidecarError):
     """The lease id is unknown, expired, already consumed, or owned by another client."""
+
+    reason = Reason.LEASE_NOT_FOUND
 
 
 class LeaseBusy(SidecarError):
     """The lease is in use by an encode and cannot be released or reused."""
 
+    reason = Reason.LEASE_BUSY
+
 
 class PoolExhausted(SidecarError):
     """No region large enough became free within the bounded wait."""
+
+    reason = Reason.POOL_EXHAUSTED
 
 
 class OutOfRange(SidecarError):
     """A request exceeds a configured maximum (frames, resolution, bytes, lease size)."""
 
+    reason = Reason.OUT_OF_RANGE
+
 
 class OutputExists(SidecarError):
     """The output path exists and the request did not ask to overwrite it."""
+
+    reason = Reason.OUTPUT_EXISTS
 
 
 class OutputError(SidecarError):
     """The output could not be written: no space, no permission, not a directory."""
 
+    reason = Reason.OUTPUT_ERROR
+
 
 class DiskFull(OutputError):
     """The output device ran out of space; the partial file has been removed."""
+
+    reason = Reason.DISK_FULL
 
 
 class EncodeFailed(SidecarError):
     """The encoder or muxer raised an error not caused by the request."""
 
+    reason = Reason.ENCODE_FAILED
+
 
 class Cancelled(SidecarError):
     """The client cancelled the request or its deadline passed."""
 
+    reason = Reason.CANCELLED
+
 
 class ShuttingDown(SidecarError):
     """The daemon is shutting down and accepts no new work."""
+
+    reason = Reason.SHUTTING_DOWN
 
 
 class StartupError(Exception):

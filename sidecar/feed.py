@@ -58,6 +58,14 @@ class FrameFeed:
                 self._owned[piece.lease.id] = piece.lease
         self._queue.put(piece)
 
+    def hold(self, leases: list[Lease]) -> None:
+        """Own leases that carry no frames (audio already copied out of them): freed with
+        the rest when the encode ends, or given back with the rest if it is refused."""
+        with self._lock:
+            for lease in leases:
+                if lease.id not in self._pending:
+                    self._owned[lease.id] = lease
+
     def end(self, audio: np.ndarray | None = None) -> None:
         self._queue.put(End(audio))
 

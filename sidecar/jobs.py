@@ -22,7 +22,7 @@ import numpy as np
 
 from .audio import AudioFormat
 from .encoder import ResolvedCodec, VideoEncoder
-from .errors import Cancelled, EncodeFailed, SidecarError
+from .errors import Cancelled, EncodeFailed, InvalidRequest, SidecarError
 from .feed import End, FrameFeed, InlineFrames, Piece
 from .frames import Geometry, PlacedRange, borrow_frames
 from .output import FileTarget, output_error
@@ -209,6 +209,8 @@ class EncodeJob:
             if piece is None:
                 raise Cancelled("cancelled by the client")
             if isinstance(piece, End):
+                if done == 0:  # an MP4 with no frames plays nowhere: refuse, keep nothing
+                    raise InvalidRequest("end", "the stream ended before its first frame")
                 if piece.audio is not None:
                     encoder.set_audio(piece.audio)
                 return

@@ -319,11 +319,14 @@ class Sidecar:
         self.stats.requests += 1
         t0 = time.perf_counter()
         plan, ranges = self.plan(spec)
-        audio = self._audio_samples(spec.client_token, plan.audio, spec.audio_data)
-        self.leases.take(spec.client_token, [r.lease.id for r in ranges])
+        audio, audio_leases = self._audio_samples(spec.client_token, plan.audio, spec.audio_data)
+        # All or nothing: no lease changes hands unless every one the request names can.
+        taken = [r.lease.id for r in ranges] + [lease.id for lease in audio_leases]
+        self.leases.take(spec.client_token, taken)
         feed = FrameFeed(self.leases)
         for placed in ranges:
             feed.put(placed)
+        feed.hold(audio_leases)
         feed.end()
         validate_ms = (time.perf_counter() - t0) * 1e3
         async for event in self._execute(
@@ -343,8 +346,10 @@ class Sidecar:
         self.stats.requests += 1
         t0 = time.perf_counter()
         plan, _ = self.plan(spec, stream=True)
-        audio = self._audio_samples(spec.client_token, plan.audio, spec.audio_data)
+        audio, audio_leases = self._audio_samples(spec.client_token, plan.audio, spec.audio_data)
+        self.leases.take(spec.client_token, [lease.id for lease in audio_leases])
         feed = FrameFeed(self.leases)
+        feed.hold(audio_leases)
         validate_ms = (time.perf_counter() - t0) * 1e3
         ending: dict[str, int] = {}
         reader = asyncio.create_task(self._read_stream(spec, plan, feed, messages, ending))
@@ -379,7 +384,11 @@ class Sidecar:
                     raise InvalidRequest(
                         "chunk.inline", f"{assembler.leftover} bytes left over: not a whole frame"
                     )
-                audio = self._audio_samples(token, plan.audio, message.audio_data)
+                audio, audio_leases = self._audio_samples(token, plan.audio, message.audio_data)
+                # A lease this stream's chunks already hold is freed with those chunks.
+                mine = [lease for lease in audio_leases if not lease.encoding]
+                self.leases.take(token, [lease.id for lease in mine])
+                feed.hold(mine)
                 ending["next_lease_bytes"] = message.next_lease_bytes
                 feed.end(audio)
                 return
@@ -512,10 +521,13 @@ class Sidecar:
 
     def _audio_samples(
         self, token: str, fmt: AudioFormat | None, pieces: tuple[AudioPiece, ...]
-    ) -> np.ndarray | None:
-        """Join audio pieces (inline or in leases) into (samples, channels) float32."""
+    ) -> tuple[np.ndarray | None, list[Lease]]:
+        """Join audio pieces (inline or in leases) into (samples, channels) float32.
+
+        Copies the samples out and returns the leases they came from, untouched: the
+        caller takes them with the rest of the request, all or nothing."""
         if not pieces:
-            return None
+            return None, []
         if fmt is None:
             raise InvalidRequest("audio_data", "audio samples sent without an audio format")
         parts: list[bytes] = []
@@ -533,10 +545,7 @@ class Sidecar:
                 self.slabset.slabs[lease.slab_id].array[start : start + piece.size].tobytes()
             )
             used.append(lease)
-        samples = fmt.samples(b"".join(parts))
-        for lease in used:  # the samples are copied out: the leases are done
-            self.leases.free([lease])
-        return samples
+        return fmt.samples(b"".join(parts)), list({lease.id: lease for lease in used}.values())
 
     async def _run(self, job: EncodeJob) -> EncodeOutcome:
         """Wait for an encoder slot, then run the job on the thread pool."""

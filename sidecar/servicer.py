@@ -1,8 +1,13 @@
 """The gRPC face of the daemon: proto in, domain call, proto out.
 
 Thin on purpose. Every domain error becomes a status code in exactly one place,
-`STATUS_OF`, and the error's class name travels in the trailing metadata key
-`video-sidecar-error`, so clients can tell, say, an unknown token from a busy lease.
+`STATUS_OF`, and its reason (`vocabulary.Reason`) travels twice in the trailers: as
+`video-sidecar-error`, and as a google.rpc.Status holding an ErrorInfo (the standard rich
+error model), so clients can tell, say, an unknown token from a busy lease.
+
+Requests are decoded by `add_to_server`'s own deserialisers: bytes that are not a valid
+message (or hold invalid UTF-8) become `Undecodable`, which each handler refuses with
+INVALID_ARGUMENT, instead of grpc's UNKNOWN.
 """
 
 from __future__ import annotations
@@ -14,10 +19,14 @@ import secrets
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from functools import wraps
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf import any_pb2, message_factory
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
 
 from . import __version__
 from .api.v1 import sidecar_pb2 as pb
@@ -54,10 +63,10 @@ from .requests import (
     VideoRequest,
 )
 from .service import Attachment, Sidecar, StatusReport
+from .vocabulary import ERROR_DOMAIN, ERROR_KEY
 
 log = logging.getLogger(__name__)
 
-ERROR_KEY = "video-sidecar-error"
 MAX_RANGES = 65_536
 
 STATUS_OF: dict[type[SidecarError], grpc.StatusCode] = {
@@ -103,6 +112,57 @@ def status_of(exc: SidecarError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+def error_trailers(exc: SidecarError, code: grpc.StatusCode) -> tuple[tuple[str, Any], ...]:
+    """The error's reason as our own key and as a google.rpc.Status with an ErrorInfo."""
+    info = error_details_pb2.ErrorInfo(reason=exc.reason.value, domain=ERROR_DOMAIN)
+    if exc.field:
+        info.metadata["field"] = exc.field
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    rich = status_pb2.Status(code=code.value[0], message=str(exc), details=[detail])
+    return ((ERROR_KEY, exc.reason.value), *rpc_status.to_status(rich).trailing_metadata)
+
+
+@dataclass(frozen=True)
+class Undecodable:
+    """Stands in for a request whose bytes are not a valid message."""
+
+    message: str
+
+    def refuse(self) -> InvalidRequest:
+        return InvalidRequest("request", f"not a valid {self.message} message")
+
+
+def _decoder(cls: Any) -> Callable[[bytes], Any]:
+    def decode(data: bytes) -> Any:
+        try:
+            return cls.FromString(data)
+        except Exception:  # DecodeError, or invalid UTF-8 in a string field
+            return Undecodable(cls.DESCRIPTOR.name)
+
+    return decode
+
+
+def add_to_server(servicer: VideoSidecarServicer, server: grpc.aio.Server) -> None:
+    """Register the service, decoding every request with `_decoder` (see the module doc)."""
+    service = pb.DESCRIPTOR.services_by_name["VideoSidecar"]
+    handlers = {}
+    for method in service.methods:
+        kind = {
+            (False, False): grpc.unary_unary_rpc_method_handler,
+            (False, True): grpc.unary_stream_rpc_method_handler,
+            (True, True): grpc.stream_stream_rpc_method_handler,
+        }[(method.client_streaming, method.server_streaming)]
+        handlers[method.name] = kind(
+            getattr(servicer, method.name),
+            request_deserializer=_decoder(message_factory.GetMessageClass(method.input_type)),
+            response_serializer=lambda m: m.SerializeToString(),
+        )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service.full_name, handlers),)
+    )
+
+
 H = TypeVar("H", bound=Callable[..., Awaitable[Any]])
 
 
@@ -112,6 +172,8 @@ def _mapped(handler: H) -> H:
     @wraps(handler)
     async def wrapper(self: VideoSidecarServicer, request: Any, context: Any) -> Any:
         try:
+            if isinstance(request, Undecodable):
+                raise request.refuse()
             return await handler(self, request, context)
         except SidecarError as exc:
             await self._fail(context, exc)
@@ -130,7 +192,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
     async def _fail(self, context: grpc.aio.ServicerContext, exc: SidecarError) -> None:
         code = status_of(exc)
         self.sidecar.stats.errors[code.name] += 1
-        await context.abort(code, str(exc), trailing_metadata=((ERROR_KEY, type(exc).__name__),))
+        await context.abort(code, str(exc), trailing_metadata=error_trailers(exc, code))
 
     # -- unary RPCs ----------------------------------------------------------------------
 
@@ -158,9 +220,13 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.EncodeEvent]:
         received_at = time.perf_counter()
-        request_id = _request_id(request.request_id)
+        given = "" if isinstance(request, Undecodable) else request.request_id
+        request_id = _request_id(given)
 
         def events(stop: threading.Event) -> AsyncIterator[Any]:
+            if isinstance(request, Undecodable):
+                raise request.refuse()
+            check_request_id(given)
             spec = encode_spec_from_proto(request, request_id)
             return self.sidecar.encode(spec, received_at, stop)
 
@@ -172,12 +238,19 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
     ) -> AsyncIterator[pb.EncodeEvent]:
         received_at = time.perf_counter()
         first = await anext(aiter(requests), None)
-        header = first.header if first is not None and first.HasField("header") else None
+        header = (
+            first.header
+            if isinstance(first, pb.StreamRequest) and first.HasField("header")
+            else None
+        )
         request_id = _request_id(header.request_id if header is not None else "")
 
         def events(stop: threading.Event) -> AsyncIterator[Any]:
+            if isinstance(first, Undecodable):
+                raise first.refuse()
             if header is None:
                 raise InvalidRequest("header", "a stream starts with a header message")
+            check_request_id(header.request_id)
             spec = stream_spec_from_proto(header, request_id)
             return self.sidecar.stream(spec, stream_messages(requests), received_at, stop)
 
@@ -240,7 +313,15 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
 
 
 def _request_id(given: str) -> str:
+    """The id to log under: the client's if it is valid, else one made up."""
     return given if _REQUEST_ID_RE.match(given) else secrets.token_hex(8)
+
+
+def check_request_id(given: str) -> None:
+    if given and not _REQUEST_ID_RE.match(given):
+        raise InvalidRequest(
+            "request_id", "must be 1-128 printable ASCII characters without spaces, or empty"
+        )
 
 
 def _run_after(action: Callable[[], None]) -> Callable[[Any], None]:
@@ -373,6 +454,8 @@ async def stream_messages(
 ) -> AsyncIterator[StreamMessage]:
     """The rest of a stream as domain messages."""
     async for request in requests:
+        if isinstance(request, Undecodable):
+            raise request.refuse()
         kind = request.WhichOneof("message")
         if kind == "chunk":
             if request.chunk.WhichOneof("frames") == "range":

@@ -86,7 +86,7 @@ def test_output_disk_full(make_daemon, tmp_path: Path) -> None:
         with d.client() as c:
             with pytest.raises(ResourceExhausted, match="no space left") as info:
                 c.encode(noisy(40), crf=0, path="big/out.mp4")
-            assert info.value.reason == "DiskFull"
+            assert info.value.reason == "DISK_FULL"
             assert list((root / "big").iterdir()) == []  # the partial file is gone
             assert c.encode(moving_pattern(2, 32, 32), path="small.mp4").frames == 2
             status = c.status()

@@ -8,6 +8,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ERROR_REASON_UNSPECIFIED: _ClassVar[ErrorReason]
+    ERROR_REASON_INVALID_REQUEST: _ClassVar[ErrorReason]
+    ERROR_REASON_NOT_ATTACHED: _ClassVar[ErrorReason]
+    ERROR_REASON_LEASE_NOT_FOUND: _ClassVar[ErrorReason]
+    ERROR_REASON_LEASE_BUSY: _ClassVar[ErrorReason]
+    ERROR_REASON_POOL_EXHAUSTED: _ClassVar[ErrorReason]
+    ERROR_REASON_OUT_OF_RANGE: _ClassVar[ErrorReason]
+    ERROR_REASON_OUTPUT_EXISTS: _ClassVar[ErrorReason]
+    ERROR_REASON_OUTPUT_ERROR: _ClassVar[ErrorReason]
+    ERROR_REASON_DISK_FULL: _ClassVar[ErrorReason]
+    ERROR_REASON_ENCODE_FAILED: _ClassVar[ErrorReason]
+    ERROR_REASON_CANCELLED: _ClassVar[ErrorReason]
+    ERROR_REASON_SHUTTING_DOWN: _ClassVar[ErrorReason]
+
 class PixelFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     PIXEL_FORMAT_UNSPECIFIED: _ClassVar[PixelFormat]
@@ -30,6 +46,19 @@ class SampleFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SAMPLE_FORMAT_UNSPECIFIED: _ClassVar[SampleFormat]
     SAMPLE_FORMAT_F32: _ClassVar[SampleFormat]
     SAMPLE_FORMAT_S16: _ClassVar[SampleFormat]
+ERROR_REASON_UNSPECIFIED: ErrorReason
+ERROR_REASON_INVALID_REQUEST: ErrorReason
+ERROR_REASON_NOT_ATTACHED: ErrorReason
+ERROR_REASON_LEASE_NOT_FOUND: ErrorReason
+ERROR_REASON_LEASE_BUSY: ErrorReason
+ERROR_REASON_POOL_EXHAUSTED: ErrorReason
+ERROR_REASON_OUT_OF_RANGE: ErrorReason
+ERROR_REASON_OUTPUT_EXISTS: ErrorReason
+ERROR_REASON_OUTPUT_ERROR: ErrorReason
+ERROR_REASON_DISK_FULL: ErrorReason
+ERROR_REASON_ENCODE_FAILED: ErrorReason
+ERROR_REASON_CANCELLED: ErrorReason
+ERROR_REASON_SHUTTING_DOWN: ErrorReason
 PIXEL_FORMAT_UNSPECIFIED: PixelFormat
 PIXEL_FORMAT_RGB24: PixelFormat
 PIXEL_FORMAT_BGR24: PixelFormat

@@ -96,7 +96,10 @@ class VideoSidecarServicer:
     def Encode(self, request, context):
         """Encode encodes frames that sit in leased regions. Every lease named by the request is
         taken over once the request is valid and freed as soon as its frames are consumed.
-        The reply is a stream: progress, output chunks (bytes outputs), then one result.
+        The reply is a stream: progress events (one every 0.25 s of encoding, so a short
+        encode may send none), output chunks (bytes outputs), then exactly one result.
+        Taking the leases is all or nothing: a refused request leaves every lease it named
+        with the client.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,102 @@
+"""The wire vocabulary: the names both ends use, and the tables that tie them to the proto.
+
+Imported by the daemon and by the client, so it imports neither av nor torch. Every table
+is keyed off the proto's enums; `tests/test_vocabulary.py` fails when the proto grows a
+value that is missing here. Adding a pixel format means one row in `PIXEL_FORMATS` (and
+teaching the encoder to read it), nothing else.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from .api.v1 import sidecar_pb2 as pb
+
+# Trailing-metadata key carrying an error's reason (see `Reason`), and the domain of the
+# google.rpc.ErrorInfo that carries the same reason in the standard rich error model.
+ERROR_KEY = "video-sidecar-error"
+ERROR_DOMAIN = "video-sidecar"
+ERROR_DETAILS_KEY = "grpc-status-details-bin"
+
+# The largest message either end sends or accepts; frames sent inline are split below it.
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+
+
+class Reason(str, enum.Enum):
+    """Why a call failed: `ErrorReason` in the proto, without its prefix."""
+
+    INVALID_REQUEST = "INVALID_REQUEST"
+    NOT_ATTACHED = "NOT_ATTACHED"
+    LEASE_NOT_FOUND = "LEASE_NOT_FOUND"
+    LEASE_BUSY = "LEASE_BUSY"
+    POOL_EXHAUSTED = "POOL_EXHAUSTED"
+    OUT_OF_RANGE = "OUT_OF_RANGE"
+    OUTPUT_EXISTS = "OUTPUT_EXISTS"
+    OUTPUT_ERROR = "OUTPUT_ERROR"
+    DISK_FULL = "DISK_FULL"
+    ENCODE_FAILED = "ENCODE_FAILED"
+    CANCELLED = "CANCELLED"
+    SHUTTING_DOWN = "SHUTTING_DOWN"
+
+    @property
+    def proto(self) -> int:
+        return pb.ErrorReason.Value("ERROR_REASON_" + self.value)
+
+
+@dataclass(frozen=True)
+class PixelFormat:
+    """A pixel format as it lies in shared memory.
+
+    `channels` is bytes per pixel of the packed formats, 1 for gray and for the 4:2:0
+    formats, which travel as one (H*3/2, W) array: Y, then chroma.
+    """
+
+    name: str
+    proto: int
+    channels: int
+    planar420: bool = False
+
+
+PIXEL_FORMATS: dict[str, PixelFormat] = {
+    f.name: f
+    for f in (
+        PixelFormat("rgb24", pb.PIXEL_FORMAT_RGB24, 3),
+        PixelFormat("bgr24", pb.PIXEL_FORMAT_BGR24, 3),
+        PixelFormat("rgba", pb.PIXEL_FORMAT_RGBA, 4),
+        PixelFormat("gray", pb.PIXEL_FORMAT_GRAY, 1),
+        PixelFormat("yuv420p", pb.PIXEL_FORMAT_YUV420P, 1, planar420=True),
+        PixelFormat("nv12", pb.PIXEL_FORMAT_NV12, 1, planar420=True),
+    )
+}
+PIXEL_FORMAT_BY_PROTO: dict[int, PixelFormat] = {f.proto: f for f in PIXEL_FORMATS.values()}
+
+# Containers by their wire name; the unspecified value means MP4.
+CONTAINERS: dict[str, int] = {
+    "mp4": pb.CONTAINER_MP4,
+    "fmp4": pb.CONTAINER_FRAGMENTED_MP4,
+    "webm": pb.CONTAINER_WEBM,
+}
+CONTAINER_BY_PROTO: dict[int, str] = {
+    pb.CONTAINER_UNSPECIFIED: "mp4",
+    **{value: name for name, value in CONTAINERS.items()},
+}
+
+SAMPLE_FORMATS: dict[str, int] = {"f32": pb.SAMPLE_FORMAT_F32, "s16": pb.SAMPLE_FORMAT_S16}
+SAMPLE_FORMAT_BY_PROTO: dict[int, str] = {value: name for name, value in SAMPLE_FORMATS.items()}
+
+
+__all__ = [
+    "CONTAINERS",
+    "CONTAINER_BY_PROTO",
+    "ERROR_DETAILS_KEY",
+    "ERROR_DOMAIN",
+    "ERROR_KEY",
+    "MAX_MESSAGE_BYTES",
+    "PIXEL_FORMATS",
+    "PIXEL_FORMAT_BY_PROTO",
+    "SAMPLE_FORMATS",
+    "SAMPLE_FORMAT_BY_PROTO",
+    "PixelFormat",
+    "Reason",
+]
