@@ -29,6 +29,10 @@ class InlineFrames:
 
     frames: np.ndarray
 
+    @property
+    def frame_count(self) -> int:
+        return len(self.frames)
+
 
 @dataclass(frozen=True)
 class End:
@@ -54,17 +58,25 @@ class FrameFeed:
     def put(self, piece: Piece) -> None:
         if isinstance(piece, PlacedRange):
             with self._lock:
-                self._pending[piece.lease.id] += 1
-                self._owned[piece.lease.id] = piece.lease
+                late = self.abandoned
+                if not late:
+                    self._pending[piece.lease.id] += 1
+                    self._owned[piece.lease.id] = piece.lease
+            if late:  # the encode is over: nobody else would ever free it
+                self.leases.free([piece.lease])
+                return
         self._queue.put(piece)
 
     def hold(self, leases: list[Lease]) -> None:
         """Own leases that carry no frames (audio already copied out of them): freed with
         the rest when the encode ends, or given back with the rest if it is refused."""
         with self._lock:
-            for lease in leases:
-                if lease.id not in self._pending:
-                    self._owned[lease.id] = lease
+            late = list(leases) if self.abandoned else []
+            if not late:
+                for lease in leases:
+                    if lease.id not in self._pending:
+                        self._owned[lease.id] = lease
+        self.leases.free(late)
 
     def end(self, audio: np.ndarray | None = None) -> None:
         self._queue.put(End(audio))
@@ -116,13 +128,13 @@ class FrameFeed:
 
     def release_all(self) -> None:
         """Free every lease still held (after a failure or a cancel)."""
-        with self._room:
-            self.abandoned = True
-            self._room.notify_all()
         with self._lock:
+            self.abandoned = True  # what is put from now on is freed at once
             leases = list(self._owned.values())
             self._owned.clear()
             self._pending.clear()
+        with self._room:
+            self._room.notify_all()
         self.leases.free(leases)
 
     def give_back_all(self) -> None:

@@ -32,6 +32,8 @@ from .warm import EncoderKey, WarmPool, open_in_memory
 log = logging.getLogger(__name__)
 
 PROGRESS_INTERVAL = 0.25  # seconds between progress events
+# Errors of the output file, not of the encoder: reported as the output's fault.
+OUTPUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EROFS, errno.EIO)
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,11 @@ class ChunkWriter:
 
 
 class EncodeJob:
-    """Runs an `EncodePlan` on the calling thread. `cancel` may be set from anywhere."""
+    """Runs an `EncodePlan` on the calling thread; `stop()` may be called from anywhere.
+
+    The job owns its feed: whichever way it ends, or if it never runs (`abandon()`), every
+    lease the feed holds is freed or given back exactly once.
+    """
 
     def __init__(
         self,
@@ -117,39 +123,55 @@ class EncodeJob:
         slabs: Sequence[Slab],
         feed: FrameFeed,
         emit: Callable[[Progress | Chunk], None],
+        *,
         warm: WarmPool | None = None,
         audio: np.ndarray | None = None,
         chunk_size: int = 1024 * 1024,
+        cancel: threading.Event | None = None,
     ) -> None:
         self.plan = plan
-        self.feed = feed
+        self._feed = feed
         self._slabs = slabs
         self._emit = emit
         self._warm = warm
         self._audio = audio  # samples sent up front, if any
         self._chunk_size = chunk_size
-        self.cancel = threading.Event()
-        self.threads = plan.threads  # 0 until the service picks a count
+        # Shared with the transport, which sets it when the client goes away.
+        self._cancel = cancel if cancel is not None else threading.Event()
+        self.threads = plan.threads  # settled when the job runs
         self.thread_type = "FRAME"
-        self.queue_s = 0.0
-        self.started = False
+        self._started = False
         self._writer: ChunkWriter | None = None  # fragmented MP4 streamed back
+
+    def stop(self) -> None:
+        """Ask the job to stop at the next frame (or never to start)."""
+        self._cancel.set()
+
+    @property
+    def stopped(self) -> bool:
+        return self._cancel.is_set()
+
+    def abandon(self) -> None:
+        """Free the leases of a job that never ran; a job that ran has freed them."""
+        if not self._started:
+            self._feed.release_all()
 
     # -- the run -------------------------------------------------------------------------
 
-    def run(self) -> EncodeOutcome:
+    def run(self, threads: int, thread_type: str, queue_s: float = 0.0) -> EncodeOutcome:
         plan = self.plan
         memfd: int | None = None
         encoder: VideoEncoder | None = None
         error: BaseException | None = None
-        self.started = True
+        self._started = True
+        self.threads, self.thread_type = threads, thread_type
         try:
             encoder, memfd = self._open()
             if self._audio is not None:
                 encoder.set_audio(self._audio)
             self._consume(encoder)
             encoder.close()
-            if self.cancel.is_set():  # gone while the encoder drained: keep nothing
+            if self.stopped:  # gone while the encoder drained: keep nothing
                 raise Cancelled("cancelled by the client")
             t0 = time.perf_counter()
             if plan.target is not None:
@@ -170,15 +192,15 @@ class EncodeJob:
                 plan.target.discard()
             if memfd is not None:
                 os.close(memfd)
-            refused = not self.cancel.is_set() and not isinstance(exc, Cancelled)
+            refused = not self.stopped and not isinstance(exc, Cancelled)
             if refused and (encoder is None or encoder.frames == 0):
                 # Refused before reading a frame (e.g. the codec rejected an option):
                 # the client keeps its leases and may fix the request and retry. A client
                 # that went away gets nothing back: everything is freed below.
-                self.feed.give_back_all()
+                self._feed.give_back_all()
             error = self._classify(exc)
         finally:
-            self.feed.release_all()
+            self._feed.release_all()
         if error is not None:
             # Raised here, bare: the frames of a failed encode hold views of slab memory,
             # and no traceback may keep them alive past the job.
@@ -193,6 +215,7 @@ class EncodeJob:
             memfd=memfd,
             audio_samples=encoder.audio.sent if encoder.audio is not None else 0,
             timings_ms={
+                "queue_ms": queue_s * 1e3,
                 "open_ms": t.open * 1e3,
                 "convert_ms": t.convert * 1e3,
                 "encode_ms": t.encode * 1e3,
@@ -205,7 +228,7 @@ class EncodeJob:
         done = 0
         last_report = time.monotonic()
         while True:
-            piece = self.feed.get(self.cancel)
+            piece = self._feed.get(self._cancel)
             if piece is None:
                 raise Cancelled("cancelled by the client")
             if isinstance(piece, End):
@@ -215,7 +238,7 @@ class EncodeJob:
                     encoder.set_audio(piece.audio)
                 return
             for image in self._frames_of(piece):
-                if self.cancel.is_set():
+                if self.stopped:
                     raise Cancelled("cancelled by the client")
                 encoder.encode(image)
                 done += 1
@@ -224,7 +247,7 @@ class EncodeJob:
                     self._emit(Progress(done, self.plan.frames_total))
                     last_report = now
             # Every frame of this piece is inside the encoder: its lease can go.
-            self.feed.consumed(piece)
+            self._feed.consumed(piece)
 
     def _frames_of(self, piece: Piece) -> np.ndarray:
         if isinstance(piece, InlineFrames):
@@ -304,9 +327,7 @@ class EncodeJob:
         if isinstance(exc, (SidecarError, KeyboardInterrupt, SystemExit)):
             return exc
         what = str(self.plan.target.final) if self.plan.target else "the output"
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-            return output_error(exc, what)
-        if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EROFS, errno.EIO):
+        if isinstance(exc, OSError) and exc.errno in OUTPUT_ERRNOS:
             return output_error(exc, what)
         if isinstance(exc, (av.error.FFmpegError, ValueError, OSError)):
             log.exception("encode %s failed", self.plan.request_id)

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from .errors import StartupError
+from .servicer import errors_by_code
 
 if TYPE_CHECKING:
     from .service import Sidecar
@@ -59,9 +60,6 @@ class Metrics:
         self._prom.start_http_server(int(port), addr=host.strip("[]") or "127.0.0.1",
                                      registry=self.registry)  # fmt: skip
 
-    def render(self) -> bytes:
-        return self._prom.generate_latest(self.registry)  # type: ignore[no-any-return]
-
 
 class _StateCollector:
     """Pool occupancy, leases and encodes, read from the daemon when scraped."""
@@ -99,6 +97,6 @@ class _StateCollector:
         errors = core.CounterMetricFamily(
             "video_sidecar_errors", "Errors answered, by gRPC status code", labels=["code"]
         )
-        for code, count in sorted(s.stats.errors.items()):
+        for code, count in sorted(errors_by_code(s.stats.errors).items()):
             errors.add_metric([code], count)
         yield errors

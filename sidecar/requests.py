@@ -35,6 +35,19 @@ class VideoRequest:
 
 
 @dataclass(frozen=True)
+class OutputRequest:
+    path: str | None = None  # relative to the output root; None means bytes
+    overwrite: bool = False
+    container: str = "mp4"  # mp4, fmp4 or webm
+
+
+@dataclass(frozen=True)
+class AudioRequest:
+    format: AudioFormat | None = None  # None: no audio track
+    data: tuple[AudioPiece, ...] = ()  # the samples, in order; a stream may send them last
+
+
+@dataclass(frozen=True)
 class EncodeSpec:
     """A whole-video encode, or the header of a stream (then `video.ranges` is empty)."""
 
@@ -42,11 +55,8 @@ class EncodeSpec:
     request_id: str
     video: VideoRequest
     codec: CodecSpec = field(default_factory=CodecSpec)
-    path: str | None = None  # relative to the output root; None means bytes
-    overwrite: bool = False
-    container: str = "mp4"  # mp4, fmp4 or webm
-    audio: AudioFormat | None = None
-    audio_data: tuple[AudioPiece, ...] = ()
+    output: OutputRequest = field(default_factory=OutputRequest)
+    audio: AudioRequest = field(default_factory=AudioRequest)
     next_lease_bytes: int = 0  # lease this much for the client's next request when done
 
 

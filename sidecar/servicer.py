@@ -18,8 +18,8 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from functools import wraps
 from typing import Any, TypeVar
 
@@ -28,88 +28,54 @@ from google.protobuf import any_pb2, message_factory
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from . import __version__
 from .api.v1 import sidecar_pb2 as pb
 from .api.v1 import sidecar_pb2_grpc as pb_grpc
-from .audio import AudioFormat
-from .encoder import CodecSpec
-from .errors import (
-    Cancelled,
-    DiskFull,
-    EncodeFailed,
-    InvalidRequest,
-    LeaseBusy,
-    LeaseNotFound,
-    NotAttached,
-    OutOfRange,
-    OutputError,
-    OutputExists,
-    PoolExhausted,
-    ShuttingDown,
-    SidecarError,
+from .convert import (
+    Undecodable,
+    attachment_to_proto,
+    decoder,
+    encode_spec_from_proto,
+    event_to_proto,
+    lease_to_proto,
+    status_to_proto,
+    stream_messages,
+    stream_spec_from_proto,
 )
-from .frames import FrameRangeSpec
-from .jobs import Chunk, Progress
-from .leases import Lease
-from .requests import (
-    AudioPiece,
-    AudioRangeSpec,
-    EncodeSpec,
-    InlineChunk,
-    LeaseChunk,
-    Result,
-    StreamEnd,
-    StreamMessage,
-    VideoRequest,
-)
-from .service import Attachment, Sidecar, StatusReport
-from .vocabulary import ERROR_DOMAIN, ERROR_KEY
+from .errors import InvalidRequest, SidecarError
+from .requests import Result
+from .service import Sidecar
+from .vocabulary import ERROR_DOMAIN, ERROR_KEY, Reason
 
 log = logging.getLogger(__name__)
 
-MAX_RANGES = 65_536
-
-STATUS_OF: dict[type[SidecarError], grpc.StatusCode] = {
-    InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
-    NotAttached: grpc.StatusCode.FAILED_PRECONDITION,
-    LeaseNotFound: grpc.StatusCode.NOT_FOUND,
-    LeaseBusy: grpc.StatusCode.FAILED_PRECONDITION,
-    PoolExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    OutOfRange: grpc.StatusCode.OUT_OF_RANGE,
-    OutputExists: grpc.StatusCode.ALREADY_EXISTS,
-    DiskFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    OutputError: grpc.StatusCode.FAILED_PRECONDITION,
-    EncodeFailed: grpc.StatusCode.INTERNAL,
-    Cancelled: grpc.StatusCode.CANCELLED,
-    ShuttingDown: grpc.StatusCode.UNAVAILABLE,
+# Every error's status code, in one place.
+STATUS_OF: dict[Reason, grpc.StatusCode] = {
+    Reason.INVALID_REQUEST: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.NOT_ATTACHED: grpc.StatusCode.FAILED_PRECONDITION,
+    Reason.LEASE_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Reason.LEASE_BUSY: grpc.StatusCode.FAILED_PRECONDITION,
+    Reason.POOL_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Reason.OUT_OF_RANGE: grpc.StatusCode.OUT_OF_RANGE,
+    Reason.OUTPUT_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+    Reason.OUTPUT_ERROR: grpc.StatusCode.FAILED_PRECONDITION,
+    Reason.DISK_FULL: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Reason.ENCODE_FAILED: grpc.StatusCode.INTERNAL,
+    Reason.CANCELLED: grpc.StatusCode.CANCELLED,
+    Reason.SHUTTING_DOWN: grpc.StatusCode.UNAVAILABLE,
 }
-
-PIXEL_FORMAT_NAMES: dict[int, str] = {
-    pb.PIXEL_FORMAT_RGB24: "rgb24",
-    pb.PIXEL_FORMAT_BGR24: "bgr24",
-    pb.PIXEL_FORMAT_RGBA: "rgba",
-    pb.PIXEL_FORMAT_GRAY: "gray",
-    pb.PIXEL_FORMAT_YUV420P: "yuv420p",
-    pb.PIXEL_FORMAT_NV12: "nv12",
-}
-
-CONTAINER_NAMES: dict[int, str] = {
-    pb.CONTAINER_UNSPECIFIED: "mp4",
-    pb.CONTAINER_MP4: "mp4",
-    pb.CONTAINER_FRAGMENTED_MP4: "fmp4",
-    pb.CONTAINER_WEBM: "webm",
-}
-SAMPLE_FORMAT_NAMES: dict[int, str] = {pb.SAMPLE_FORMAT_F32: "f32", pb.SAMPLE_FORMAT_S16: "s16"}
-MAX_AUDIO_PIECES = 4096
 
 _REQUEST_ID_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
 
 
 def status_of(exc: SidecarError) -> grpc.StatusCode:
-    for cls in type(exc).__mro__:
-        if cls in STATUS_OF:
-            return STATUS_OF[cls]  # type: ignore[index]
-    return grpc.StatusCode.INTERNAL
+    return STATUS_OF[exc.reason]
+
+
+def errors_by_code(errors: Mapping[Reason, int]) -> dict[str, int]:
+    counts: Counter[str] = Counter()
+    for reason, count in errors.items():
+        counts[STATUS_OF[reason].name] += count
+    return dict(counts)
 
 
 def error_trailers(exc: SidecarError, code: grpc.StatusCode) -> tuple[tuple[str, Any], ...]:
@@ -123,28 +89,8 @@ def error_trailers(exc: SidecarError, code: grpc.StatusCode) -> tuple[tuple[str,
     return ((ERROR_KEY, exc.reason.value), *rpc_status.to_status(rich).trailing_metadata)
 
 
-@dataclass(frozen=True)
-class Undecodable:
-    """Stands in for a request whose bytes are not a valid message."""
-
-    message: str
-
-    def refuse(self) -> InvalidRequest:
-        return InvalidRequest("request", f"not a valid {self.message} message")
-
-
-def _decoder(cls: Any) -> Callable[[bytes], Any]:
-    def decode(data: bytes) -> Any:
-        try:
-            return cls.FromString(data)
-        except Exception:  # DecodeError, or invalid UTF-8 in a string field
-            return Undecodable(cls.DESCRIPTOR.name)
-
-    return decode
-
-
 def add_to_server(servicer: VideoSidecarServicer, server: grpc.aio.Server) -> None:
-    """Register the service, decoding every request with `_decoder` (see the module doc)."""
+    """Register the service, decoding every request with `convert.decoder`."""
     service = pb.DESCRIPTOR.services_by_name["VideoSidecar"]
     handlers = {}
     for method in service.methods:
@@ -155,7 +101,7 @@ def add_to_server(servicer: VideoSidecarServicer, server: grpc.aio.Server) -> No
         }[(method.client_streaming, method.server_streaming)]
         handlers[method.name] = kind(
             getattr(servicer, method.name),
-            request_deserializer=_decoder(message_factory.GetMessageClass(method.input_type)),
+            request_deserializer=decoder(message_factory.GetMessageClass(method.input_type)),
             response_serializer=lambda m: m.SerializeToString(),
         )
     server.add_generic_rpc_handlers(
@@ -191,7 +137,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
 
     async def _fail(self, context: grpc.aio.ServicerContext, exc: SidecarError) -> None:
         code = status_of(exc)
-        self.sidecar.stats.errors[code.name] += 1
+        self.sidecar.record_error(exc)
         await context.abort(code, str(exc), trailing_metadata=error_trailers(exc, code))
 
     # -- unary RPCs ----------------------------------------------------------------------
@@ -212,7 +158,8 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
 
     @_mapped
     async def Status(self, request: pb.StatusRequest, context: Any) -> pb.StatusResponse:
-        return status_to_proto(self.sidecar.status())
+        report = self.sidecar.status()
+        return status_to_proto(report, errors_by_code(report.stats.errors))
 
     # -- streaming -----------------------------------------------------------------------
 
@@ -327,202 +274,3 @@ def check_request_id(given: str) -> None:
 def _run_after(action: Callable[[], None]) -> Callable[[Any], None]:
     """A done-callback that runs `action` once the RPC has ended."""
     return lambda _context: action()
-
-
-# -- conversions ---------------------------------------------------------------------------
-
-
-def attachment_to_proto(a: Attachment) -> pb.AttachResponse:
-    return pb.AttachResponse(
-        client_token=a.client_token,
-        instance_id=a.instance_id,
-        shm_dir=a.shm_dir,
-        slabs=[pb.Slab(id=s.id, shm_name=s.name, size=s.size) for s in a.slabs],
-        limits=pb.Limits(
-            max_lease_bytes=a.slab_size,
-            alignment=a.alignment,
-            max_frames=a.limits.max_frames,
-            max_width=a.limits.max_width,
-            max_height=a.limits.max_height,
-            max_request_bytes=a.limits.max_request_bytes,
-            lease_ttl_ms=int(a.lease_ttl * 1e3),
-            max_lease_wait_ms=int(a.max_lease_wait * 1e3),
-        ),
-        server_version=__version__,
-    )
-
-
-def lease_to_proto(lease: Lease, ttl: float) -> pb.LeaseResponse:
-    return pb.LeaseResponse(
-        lease_id=lease.id,
-        slab_id=lease.slab_id,
-        offset=lease.offset,
-        size=lease.size,
-        ttl_ms=int(ttl * 1e3),
-    )
-
-
-def video_from_proto(
-    width: int, height: int, pixel_format: int, fps: pb.Rational, ranges: Any = ()
-) -> VideoRequest:
-    if len(ranges) > MAX_RANGES:
-        raise InvalidRequest("video.ranges", f"at most {MAX_RANGES} ranges per request")
-    return VideoRequest(
-        width=width,
-        height=height,
-        pixel_format=PIXEL_FORMAT_NAMES.get(pixel_format, f"enum value {pixel_format}"),
-        fps=(fps.num, fps.den),
-        ranges=tuple(range_from_proto(r) for r in ranges),
-    )
-
-
-def range_from_proto(r: pb.FrameRange) -> FrameRangeSpec:
-    return FrameRangeSpec(r.lease_id, r.offset, r.frame_count, r.row_stride, r.frame_stride)
-
-
-def codec_from_proto(c: pb.CodecOptions) -> CodecSpec:
-    return CodecSpec(
-        codec=c.codec,
-        crf=c.crf if c.HasField("crf") else None,
-        preset=c.preset,
-        gop=c.gop if c.HasField("gop") else None,
-        threads=c.threads,
-        extra=tuple(sorted(c.extra.items())),
-    )
-
-
-def output_from_proto(o: pb.OutputSpec, present: bool) -> dict[str, Any]:
-    which = o.WhichOneof("target") if present else None
-    if o.container not in CONTAINER_NAMES:
-        raise InvalidRequest("output.container", f"unknown container enum value {o.container}")
-    return {
-        "path": o.file.path if which == "file" else None,
-        "overwrite": which == "file" and o.file.overwrite,
-        "container": CONTAINER_NAMES[o.container],
-    }
-
-
-def audio_from_proto(present: bool, a: pb.AudioSpec, data: Any) -> dict[str, Any]:
-    if len(data) > MAX_AUDIO_PIECES:
-        raise InvalidRequest("audio_data", f"at most {MAX_AUDIO_PIECES} pieces")
-    fmt = None
-    if present:
-        fmt = AudioFormat(
-            a.sample_rate,
-            a.channels,
-            SAMPLE_FORMAT_NAMES.get(a.sample_format, f"enum value {a.sample_format}"),
-        )
-    return {"audio": fmt, "audio_data": audio_pieces_from_proto(data)}
-
-
-def audio_pieces_from_proto(data: Any) -> tuple[AudioPiece, ...]:
-    pieces: list[AudioPiece] = []
-    for d in data:
-        if d.WhichOneof("source") == "range":
-            pieces.append(AudioRangeSpec(d.range.lease_id, d.range.offset, d.range.size))
-        else:
-            pieces.append(bytes(d.inline))
-    return tuple(pieces)
-
-
-def encode_spec_from_proto(request: pb.EncodeRequest, request_id: str) -> EncodeSpec:
-    v = request.video
-    return EncodeSpec(
-        client_token=request.client_token,
-        request_id=request_id,
-        video=video_from_proto(v.width, v.height, v.pixel_format, v.fps, v.ranges),
-        codec=codec_from_proto(request.codec),
-        next_lease_bytes=request.next_lease_bytes,
-        **output_from_proto(request.output, request.HasField("output")),
-        **audio_from_proto(request.HasField("audio"), request.audio, request.audio_data),
-    )
-
-
-def stream_spec_from_proto(h: pb.StreamHeader, request_id: str) -> EncodeSpec:
-    return EncodeSpec(
-        client_token=h.client_token,
-        request_id=request_id,
-        video=video_from_proto(h.width, h.height, h.pixel_format, h.fps),
-        codec=codec_from_proto(h.codec),
-        **output_from_proto(h.output, h.HasField("output")),
-        **audio_from_proto(h.HasField("audio"), h.audio, h.audio_data),
-    )
-
-
-async def stream_messages(
-    requests: AsyncIterator[pb.StreamRequest],
-) -> AsyncIterator[StreamMessage]:
-    """The rest of a stream as domain messages."""
-    async for request in requests:
-        if isinstance(request, Undecodable):
-            raise request.refuse()
-        kind = request.WhichOneof("message")
-        if kind == "chunk":
-            if request.chunk.WhichOneof("frames") == "range":
-                yield LeaseChunk(range_from_proto(request.chunk.range))
-            else:
-                yield InlineChunk(bytes(request.chunk.inline))
-        elif kind == "end":
-            yield StreamEnd(
-                audio_pieces_from_proto(request.end.audio_data), request.end.next_lease_bytes
-            )
-            return
-        else:
-            raise InvalidRequest("message", f"expected a chunk or the end, got {kind or 'nothing'}")
-
-
-def event_to_proto(event: Progress | Chunk | Result, lease_ttl: float) -> pb.EncodeEvent:
-    if isinstance(event, Progress):
-        return pb.EncodeEvent(
-            progress=pb.Progress(frames_done=event.frames_done, frames_total=event.frames_total)
-        )
-    if isinstance(event, Chunk):
-        return pb.EncodeEvent(chunk=pb.OutputChunk(offset=event.offset, data=event.data))
-    return pb.EncodeEvent(
-        result=pb.EncodeResult(
-            request_id=event.request_id,
-            path=event.path,
-            size_bytes=event.size_bytes,
-            frames=event.frames,
-            duration_s=event.duration_s,
-            codec=event.codec,
-            container=event.container,
-            width=event.width,
-            height=event.height,
-            audio_samples=event.audio_samples,
-            timings=pb.StageTimings(**event.timings_ms),
-            next_lease=lease_to_proto(event.next_lease, lease_ttl) if event.next_lease else None,
-        )
-    )
-
-
-def status_to_proto(s: StatusReport) -> pb.StatusResponse:
-    return pb.StatusResponse(
-        server_version=s.version,
-        instance_id=s.instance_id,
-        uptime_s=s.uptime_s,
-        pool=pb.PoolStatus(
-            slabs=s.pool.slabs,
-            slab_size=s.pool.slab_size,
-            total_bytes=s.pool.total_bytes,
-            leased_bytes=s.pool.leased_bytes,
-            active_leases=s.pool.active_leases,
-            largest_free=s.pool.largest_free,
-        ),
-        active_encodes=s.active_encodes,
-        queued_encodes=s.queued_encodes,
-        max_concurrent_encodes=s.max_concurrent_encodes,
-        clients=s.clients,
-        counters=pb.Counters(
-            requests=s.stats.requests,
-            encodes_ok=s.stats.encodes_ok,
-            encodes_failed=s.stats.encodes_failed,
-            frames_encoded=s.stats.frames_encoded,
-            bytes_out=s.stats.bytes_out,
-            leases_granted=s.leases_granted,
-            leases_expired=s.leases_expired,
-            errors=dict(s.stats.errors),
-            warm_hits=s.warm_hits,
-            warm_misses=s.warm_misses,
-        ),
-    )

@@ -14,12 +14,17 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .encoder import ResolvedCodec, VideoEncoder
 from .frames import Geometry
+
+if TYPE_CHECKING:
+    from .jobs import EncodeJob
 
 # Only short clips are worth it: for long ones the open cost is lost in the encode.
 MAX_WARM_BYTES = 64 * 1024 * 1024
@@ -93,8 +98,28 @@ class WarmPool:
         self._ready: OrderedDict[EncoderKey, WarmEncoder] = OrderedDict()
         self._lock = threading.Lock()
         self._closed = False
+        self._executor: ThreadPoolExecutor | None = None
         self.hits = 0
         self.misses = 0
+
+    def start(self) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="warm")
+
+    def refill_for(self, job: EncodeJob) -> Callable[[], None]:
+        """What opens the next encoder for a finished job's settings, in the background,
+        once called (after the client has its answer: opening holds the GIL for
+        milliseconds). It keeps the settings only, not the job, whose slab views must
+        not outlive it."""
+        geometry, codec, key = job.plan.geometry, job.plan.codec, job.key
+        threads, thread_type = job.threads, job.thread_type
+
+        def open_next() -> None:
+            if self._executor is not None and not self._closed:
+                self._executor.submit(
+                    self.fill, key, lambda: warm_up(geometry, codec, threads, thread_type)
+                )
+
+        return open_next
 
     def eligible(self, geometry: Geometry, frames: int) -> bool:
         frame = geometry.layout.frame_bytes(geometry.width, geometry.height)
@@ -129,6 +154,8 @@ class WarmPool:
             old.discard()
 
     def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
         with self._lock:
             self._closed = True
             ready, self._ready = list(self._ready.values()), OrderedDict()

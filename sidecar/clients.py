@@ -1,0 +1,48 @@
+"""The clients the daemon knows: one token per Attach, bounded in number."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .errors import NotAttached
+
+MAX_CLIENTS = 4096
+
+
+@dataclass
+class ClientInfo:
+    name: str
+    pid: int
+    attached_at: float
+
+
+class Clients:
+    def __init__(self, limit: int = MAX_CLIENTS) -> None:
+        self._limit = limit
+        self._clients: dict[str, ClientInfo] = {}
+
+    def attach(self, name: str, pid: int, busy: Callable[[], set[str]]) -> str:
+        """A fresh token. At the limit, the older half of the clients holding no lease
+        (`busy()` gives the tokens that hold one) is forgotten first."""
+        if len(self._clients) >= self._limit:
+            self._forget_idle(busy())
+        token = secrets.token_hex(16)
+        self._clients[token] = ClientInfo(name[:128], pid, time.time())
+        return token
+
+    def check(self, token: str) -> None:
+        if token not in self._clients:
+            raise NotAttached("unknown client token; call Attach (the daemon may have restarted)")
+
+    def __len__(self) -> int:
+        return len(self._clients)
+
+    def _forget_idle(self, busy: set[str]) -> None:
+        idle = sorted(
+            (t for t in self._clients if t not in busy), key=lambda t: self._clients[t].attached_at
+        )
+        for token in idle[: len(idle) // 2 + 1]:
+            del self._clients[token]

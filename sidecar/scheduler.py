@@ -1,0 +1,106 @@
+"""Admission and scheduling: encoder slots, the thread pool, and how many threads a job gets.
+
+Encodes run on a bounded thread pool, never on the event loop, so health and status keep
+answering while a long encode runs; PyAV drops the GIL while it converts, encodes and
+muxes. A job waits for one of `max_concurrent_encodes` slots, then gets a share of the
+cores that depends on how many encodes run beside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from .config import cpu_count
+from .encoder import threading_for
+from .errors import Cancelled
+from .jobs import EncodeJob, EncodeOutcome
+
+
+class Scheduler:
+    def __init__(self, max_concurrent: int, encoder_threads: int = 0) -> None:
+        self.max_concurrent = max_concurrent
+        self.encoder_threads = encoder_threads  # 0: a share of the cores
+        self.active = 0
+        self.queued = 0
+        self._executor: ThreadPoolExecutor | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self._jobs: set[EncodeJob] = set()
+        self._running: set[asyncio.Task[EncodeOutcome]] = set()
+
+    def start(self) -> None:
+        self._executor = ThreadPoolExecutor(
+            max_workers=self.max_concurrent, thread_name_prefix="encode"
+        )
+        self._slots = asyncio.Semaphore(self.max_concurrent)
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+
+    @property
+    def busy(self) -> bool:
+        """True while any encode is queued or running."""
+        return bool(self._running)
+
+    def submit(self, job: EncodeJob) -> asyncio.Task[EncodeOutcome]:
+        """Queue `job` for a slot; the task ends with its outcome or its error."""
+        task = asyncio.create_task(self._run(job), name=f"encode-{job.plan.request_id}")
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        # When the client is gone nobody awaits the task's end; its error is expected.
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return task
+
+    async def cancel_all(self, timeout: float = 30.0) -> None:
+        """Stop every job and wait for their threads to let go."""
+        for job in list(self._jobs):
+            job.stop()
+        if self._running:
+            await asyncio.wait(set(self._running), timeout=timeout)
+
+    async def _run(self, job: EncodeJob) -> EncodeOutcome:
+        assert self._slots is not None
+        queued_at = time.perf_counter()
+        self.queued += 1
+        self._jobs.add(job)
+        try:
+            async with self._slots:
+                self.queued -= 1
+                queued_at, queue_s = 0.0, time.perf_counter() - queued_at
+                if job.stopped:
+                    raise Cancelled("cancelled while waiting for an encoder")
+                self.active += 1
+                try:
+                    return await self._run_in_thread(job, queue_s)
+                finally:
+                    self.active -= 1
+        finally:
+            if queued_at:  # left the queue without a slot
+                self.queued -= 1
+            self._jobs.discard(job)
+            job.abandon()  # a job that never ran still owns its leases
+
+    async def _run_in_thread(self, job: EncodeJob, queue_s: float) -> EncodeOutcome:
+        threads, thread_type = self.threading(job)
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._executor, job.run, threads, thread_type, queue_s)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            # Never free leases under a running thread: stop it and wait.
+            job.stop()
+            with contextlib.suppress(BaseException):
+                await future
+            raise
+
+    def threading(self, job: EncodeJob) -> tuple[int, str]:
+        """Threads for a job: the request's or config's count, else a share of the cores."""
+        # A stream's length is unknown: treat it as long (frame threads).
+        frames, height = job.plan.frames_total or 1 << 20, job.plan.geometry.height
+        asked = job.plan.threads or self.encoder_threads
+        share = asked or cpu_count() // max(1, self.active)
+        threads, thread_type = threading_for(frames, height, share)
+        return (asked or threads), thread_type  # an explicit count is honoured as given
