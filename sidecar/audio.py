@@ -63,8 +63,14 @@ class AudioFormat:
         return out
 
 
+# One layout per channel count, the same for AAC and Opus: those libopus's multichannel
+# mapping (family 1) accepts. FFmpeg's defaults for 3 and 4 channels (2.1, 4.0) are not
+# among them, and libopus refused to open. Channels keep their order in the output.
+LAYOUTS = {1: "mono", 2: "stereo", 3: "3.0", 4: "quad", 5: "5.0", 6: "5.1", 7: "6.1", 8: "7.1"}
+
+
 def _layout(channels: int) -> str:
-    return {1: "mono", 2: "stereo"}.get(channels, f"{channels}c")
+    return LAYOUTS[channels]
 
 
 @dataclass
@@ -89,6 +95,10 @@ class AudioTrack:
         assert isinstance(stream, av.audio.stream.AudioStream)
         stream.layout = _layout(fmt.channels)
         stream.codec_context.bit_rate = 64000 * min(fmt.channels, 2)
+        if codec == "libopus" and fmt.channels > 2:
+            # Family 1 (Vorbis order) explicitly: libopus's default (-1) writes family 1
+            # but does not reorder FFmpeg's channel order, which swaps channels at 5 and 7.
+            stream.codec_context.options = {"mapping_family": "1"}
         stream.time_base = Fraction(1, rate)
         stream.codec_context.open()  # now frame_size is known, for the resampler
         return cls(stream, fmt)

@@ -10,7 +10,6 @@ its own buffers inside `encode()`, so a slab region may be reused once `encode()
 from __future__ import annotations
 
 import contextlib
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ import numpy as np
 from av.video.reformatter import ColorRange, Colorspace, VideoReformatter
 
 from .audio import AudioFormat, AudioTrack
+from .codec_options import merge_options
 from .errors import InvalidRequest
 from .frames import Geometry
 
@@ -85,8 +85,6 @@ ALIASES = {
     "svtav1": "av1",
 }
 
-_OPTION_KEY_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
-
 
 @dataclass(frozen=True)
 class CodecSpec:
@@ -127,15 +125,12 @@ class CodecSpec:
             raise InvalidRequest("codec.gop", f"{self.gop} is outside 1..100000")
         if not 0 <= self.threads <= 256:
             raise InvalidRequest("codec.threads", f"{self.threads} is outside 0..256")
-        if len(self.extra) > 32:
-            raise InvalidRequest("codec.extra", "at most 32 options")
-        options = {choice.preset_option: preset, "crf": str(crf), **choice.quiet}
-        for k, v in self.extra:
-            if not _OPTION_KEY_RE.match(k):
-                raise InvalidRequest("codec.extra", f"{k[:40]!r} is not an option name")
-            if len(v) > 1024 or "\x00" in v:
-                raise InvalidRequest(f"codec.extra[{k}]", "value too long or holds NUL")
-            options[k] = v
+        # Only allow-listed options, checked and rewritten: see codec_options.
+        options = {
+            choice.preset_option: preset,
+            "crf": str(crf),
+            **merge_options(choice.encoder, choice.quiet, self.extra),
+        }
         return ResolvedCodec(choice, options, self.gop, self.threads)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import grp
 import logging
 import os
@@ -23,17 +24,16 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from .api.v1 import sidecar_pb2 as pb
-from .api.v1 import sidecar_pb2_grpc as pb_grpc
 from .config import Config, runtime_dir
 from .errors import StartupError
 from .metrics import Metrics
 from .service import Sidecar
-from .servicer import VideoSidecarServicer
+from .servicer import VideoSidecarServicer, add_to_server
+from .vocabulary import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["VideoSidecar"].full_name
-MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 
 
 def sd_notify(message: str) -> None:
@@ -98,9 +98,7 @@ class Server:
                 metrics.serve(self.config.metrics)
                 observer = metrics.observe
                 log.info("metrics on http://%s/metrics", self.config.metrics)
-            pb_grpc.add_VideoSidecarServicer_to_server(
-                VideoSidecarServicer(self.sidecar, observer), server
-            )
+            add_to_server(VideoSidecarServicer(self.sidecar, observer), server)
             health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
             reflection.enable_server_reflection(
                 (
@@ -111,10 +109,18 @@ class Server:
                 server,
             )
             address = f"unix:{self._socket_path}"
-            if server.add_insecure_port(address) == 0:
+            try:  # grpcio raises on some failures rather than returning port 0
+                port = server.add_insecure_port(address)
+            except RuntimeError as exc:
+                raise StartupError(f"cannot listen on {address}: {exc}") from None
+            if port == 0:
                 raise StartupError(f"cannot listen on {address}")
             if self.config.tcp:
-                self.tcp_port = self._listen_tcp(server)
+                try:
+                    self.tcp_port = self._listen_tcp(server)
+                except StartupError:
+                    self._socket_path.unlink(missing_ok=True)  # bound above, never served
+                    raise
             await server.start()
             self._grpc = server
             os.chmod(self._socket_path, 0o660 if self.config.shm_group else 0o600)
@@ -149,6 +155,10 @@ class Server:
 
     def _listen_tcp(self, server: grpc.aio.Server) -> int:
         c = self.config
+        problem = self._tcp_problem(c.tcp)
+        if problem:
+            raise StartupError(f"cannot listen on TCP {c.tcp}: {problem}")
+        credentials = None
         if c.tls_cert:
             try:
                 key, cert = Path(c.tls_key).read_bytes(), Path(c.tls_cert).read_bytes()
@@ -158,16 +168,55 @@ class Server:
             credentials = grpc.ssl_server_credentials(
                 [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
             )
-            port = server.add_secure_port(c.tcp, credentials)
         else:
             log.warning("listening on TCP %s WITHOUT TLS (--insecure)", c.tcp)
-            port = server.add_insecure_port(c.tcp)
+        try:  # grpcio raises on some failures rather than returning port 0
+            if credentials is not None:
+                port = server.add_secure_port(c.tcp, credentials)
+            else:
+                port = server.add_insecure_port(c.tcp)
+        except RuntimeError as exc:
+            port, problem = 0, f": {str(exc).rstrip('.')}"
+        else:
+            problem = ""
         if port == 0:
-            raise StartupError(f"cannot listen on TCP {c.tcp}")
+            if credentials is not None:  # gRPC reports a bad certificate as a failed bind
+                problem += "; check that --tls-cert and --tls-key hold a matching PEM pair"
+            raise StartupError(f"cannot listen on TCP {c.tcp}{problem}")
         log.info(
             "also serving on TCP %s (port %d)%s", c.tcp, port, " with TLS" if c.tls_cert else ""
         )
         return int(port)
+
+    @staticmethod
+    def _tcp_problem(address: str) -> str:
+        """Why gRPC would fail to listen on HOST:PORT, or "" if it looks fine. gRPC's own
+        failure names no cause and logs a line of its own; it also wraps ports over 65535."""
+        host, _, port_text = address.rpartition(":")
+        host = host.removeprefix("[").removesuffix("]")
+        port = int(port_text)  # Config checked it is digits
+        if port > 65535:
+            return f"port {port} is outside 0..65535"
+        try:
+            addresses = socket.getaddrinfo(
+                host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )
+        except (OSError, UnicodeError) as exc:
+            return f"cannot resolve {host!r}: {getattr(exc, 'strerror', None) or exc}"
+        refused: list[OSError] = []
+        for family, kind, proto, _, sockaddr in addresses:
+            try:
+                with socket.socket(family, kind, proto) as probe:
+                    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC
+                    probe.bind(sockaddr)
+            except OSError as exc:
+                refused.append(exc)
+            else:
+                return ""  # gRPC needs one address that binds
+        # Only causes certain to stop gRPC too; it works around others (e.g. no IPv6).
+        if refused and all(e.errno in (errno.EADDRINUSE, errno.EACCES) for e in refused):
+            return str(refused[0].strerror)
+        return ""
 
     # -- signals -------------------------------------------------------------------------
 
@@ -185,23 +234,37 @@ class Server:
 
     def _prepare_socket(self) -> None:
         path = self._socket_path
+        # sun_path holds 108 bytes on Linux, the closing NUL included; gRPC raises past it.
+        size = len(os.fsencode(str(path)))
+        if size > 107:
+            raise StartupError(
+                f"socket path {path} is {size} bytes, over the 107 a Unix socket allows; "
+                "choose a shorter --socket"
+            )
         directory = path.parent
-        if directory == runtime_dir() or not directory.exists():
-            mode = 0o770 if self.config.shm_group else 0o700
-            directory.mkdir(parents=True, exist_ok=True, mode=mode)
-            st = directory.stat()
-            if st.st_uid != os.getuid():
-                raise StartupError(
-                    f"socket directory {directory} belongs to uid {st.st_uid}, not us"
-                )
-            os.chmod(directory, mode)
-        if path.exists() or path.is_symlink():
-            if not stat.S_ISSOCK(path.lstat().st_mode):
-                raise StartupError(f"{path} exists and is not a socket")
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-                try:
-                    probe.connect(str(path))
-                except OSError:
-                    path.unlink()  # left by a daemon that died
-                else:
-                    raise StartupError(f"another daemon is already listening on {path}")
+        try:
+            if directory == runtime_dir() or not directory.exists():
+                mode = 0o770 if self.config.shm_group else 0o700
+                directory.mkdir(parents=True, exist_ok=True, mode=mode)
+                st = directory.stat()
+                if st.st_uid != os.getuid():
+                    raise StartupError(
+                        f"socket directory {directory} belongs to uid {st.st_uid}, not us"
+                    )
+                os.chmod(directory, mode)
+            if not directory.is_dir():
+                raise StartupError(f"socket directory {directory} is not a directory")
+            if not os.access(directory, os.W_OK | os.X_OK):
+                raise StartupError(f"socket directory {directory} is not writable")
+            if path.exists() or path.is_symlink():
+                if not stat.S_ISSOCK(path.lstat().st_mode):
+                    raise StartupError(f"{path} exists and is not a socket")
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                    try:
+                        probe.connect(str(path))
+                    except OSError:
+                        path.unlink()  # left by a daemon that died
+                    else:
+                        raise StartupError(f"another daemon is already listening on {path}")
+        except OSError as exc:
+            raise StartupError(f"cannot use socket {path}: {exc}") from None

@@ -74,7 +74,10 @@ class SlabSet:
         self.prefix = prefix
         self.count = count
         self.size = size
-        self.gid = grp.getgrnam(group).gr_gid if group else -1
+        try:
+            self.gid = grp.getgrnam(group).gr_gid if group else -1
+        except KeyError:
+            raise StartupError(f"no group named {group!r} (--shm-group)") from None
         self.mode = 0o660 if group else 0o600
         self.instance = secrets.token_hex(4)
         self.slabs: list[Slab] = []
@@ -90,14 +93,19 @@ class SlabSet:
 
     def open(self) -> None:
         """Take the prefix lock, sweep stale segments, create and pre-fault every slab."""
-        if not self.directory.is_dir():
+        if not self.directory.exists():
             raise StartupError(f"shared-memory directory {self.directory} does not exist")
+        if not self.directory.is_dir():
+            raise StartupError(f"shared-memory directory {self.directory} is not a directory")
         self._take_lock()
         try:
             self.sweep_stale()
             self._check_room()
             for index in range(self.count):
                 self.slabs.append(self._create(index))
+        except OSError as exc:
+            self.close()
+            raise StartupError(self._cannot(exc)) from None
         except BaseException:
             self.close()
             raise
@@ -139,7 +147,11 @@ class SlabSet:
         return removed
 
     def _take_lock(self) -> None:
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(self.lock_path, flags, 0o600)
+        except OSError as exc:
+            raise StartupError(self._cannot(exc, "create the lock file")) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -148,7 +160,20 @@ class SlabSet:
                 f"another video-sidecar instance already owns shm prefix {self.prefix!r} "
                 f"(lock {self.lock_path}); stop it or choose another --shm-prefix"
             ) from None
+        except OSError as exc:  # e.g. a file system without flock
+            os.close(fd)
+            self.lock_path.unlink(missing_ok=True)
+            raise StartupError(self._cannot(exc, "lock the lock file")) from None
         self._lock_fd = fd
+
+    def _cannot(self, exc: OSError, doing: str = "set up the slabs") -> str:
+        """One line for an OSError while setting up the directory, with its reason."""
+        where = f" ({exc.filename})" if exc.filename else ""
+        reason = exc.strerror or str(exc)
+        return (
+            f"cannot {doing} in shared-memory directory {self.directory}: {reason}{where}; "
+            "point --shm-dir at a writable tmpfs such as /dev/shm"
+        )
 
     def _check_room(self) -> None:
         free = _free_bytes(self.directory)

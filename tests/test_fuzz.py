@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
+from sidecar.codec_options import ALLOWED, KNOWN_DANGEROUS, KNOWN_DANGEROUS_PARAMS, Params
 
 from .helpers import Daemon
 
@@ -148,7 +150,16 @@ def test_encode_descriptors(
     if code == grpc.StatusCode.OK:
         assert frame_ranges and all(r.lease_id == lease.lease_id for r in frame_ranges)
         assert all(in_bounds(r, width, height, fmt) for r in frame_ranges)
-    call(s.Release, pb.ReleaseRequest(client_token=token, lease_id=lease.lease_id))
+    assert_lease_kept_unless_ok(s, token, lease.lease_id, code)
+
+
+def assert_lease_kept_unless_ok(s, token: str, lease_id: str, code: grpc.StatusCode) -> None:  # type: ignore[no-untyped-def]
+    """An accepted request consumed the lease; a refused one left it with the client."""
+    released = call(s.Release, pb.ReleaseRequest(client_token=token, lease_id=lease_id))
+    if code == grpc.StatusCode.OK:
+        assert released == grpc.StatusCode.NOT_FOUND, "an encoded lease is still held"
+    else:
+        assert released == grpc.StatusCode.OK, f"a request refused with {code} lost its lease"
 
 
 FIELDS = [
@@ -207,6 +218,8 @@ def test_one_bad_field(stub, field, number, text) -> None:  # type: ignore[no-un
     assert code in ACCEPTABLE, (code, field, number, text)
     if code == grpc.StatusCode.OK:
         assert in_bounds(v.ranges[0], v.width, v.height, v.pixel_format)
+    if field != "lease_id":
+        assert_lease_kept_unless_ok(s, token, lease.lease_id, code)
     call(s.Release, pb.ReleaseRequest(client_token=token, lease_id=lease.lease_id))
 
 
@@ -287,7 +300,234 @@ def test_stream_messages(stub, header, width, height, messages) -> None:  # type
         code = err.code()
     COUNTS["stream:" + code.name] += 1
     assert code in ACCEPTABLE, code
+    if code == grpc.StatusCode.OK:  # an empty stream is refused, never an empty file
+        inline = sum(len(a[0]) for k, *a in messages if k == "inline")
+        assert inline >= width * height * 3 or any(k == "range" for k, *_ in messages)
     call(s.Release, pb.ReleaseRequest(client_token=token, lease_id=lease.lease_id))
+
+
+METHODS = {
+    "Attach": "unary_unary",
+    "Lease": "unary_unary",
+    "Release": "unary_unary",
+    "Status": "unary_unary",
+    "Encode": "unary_stream",
+    "EncodeStream": "stream_stream",
+}
+
+
+def valid_bytes(token: str, lease_id: str) -> list[bytes]:
+    """Well-formed messages of each kind, for the fuzzer to cut and flip."""
+    header = pb.StreamHeader(
+        client_token=token, width=32, height=32, pixel_format=pb.PIXEL_FORMAT_RGB24,
+        fps=pb.Rational(num=24, den=1), request_id="r-1",
+    )  # fmt: skip
+    video = pb.VideoDescriptor(
+        width=32, height=32, pixel_format=pb.PIXEL_FORMAT_RGB24, fps=pb.Rational(num=24, den=1),
+        ranges=[pb.FrameRange(lease_id=lease_id, frame_count=2)],
+    )  # fmt: skip
+    return [
+        pb.AttachRequest(client_name="fuzz", pid=7).SerializeToString(),
+        pb.LeaseRequest(client_token=token, size=4096, wait_ms=10).SerializeToString(),
+        pb.ReleaseRequest(client_token=token, lease_id=lease_id).SerializeToString(),
+        pb.EncodeRequest(client_token=token, request_id="r-2", video=video).SerializeToString(),
+        pb.StreamRequest(header=header).SerializeToString(),
+        pb.StreamRequest(chunk=pb.StreamChunk(inline=b"\x01" * 64)).SerializeToString(),
+    ]
+
+
+@st.composite
+def raw_messages(draw, token: str, lease_id: str) -> bytes:  # type: ignore[no-untyped-def]
+    """Random bytes, or a valid message cut short, flipped, or with bytes spliced in."""
+    kind = draw(st.sampled_from(["random", "cut", "flip", "splice", "bad-utf8"]))
+    if kind == "random":
+        return bytes(draw(st.binary(max_size=256)))
+    base = draw(st.sampled_from(valid_bytes(token, lease_id)))
+    if kind == "cut":
+        return base[: draw(st.integers(0, len(base)))]
+    at = draw(st.integers(0, len(base) - 1))
+    if kind == "flip":
+        return base[:at] + bytes([base[at] ^ draw(st.integers(1, 255))]) + base[at + 1 :]
+    if kind == "bad-utf8":  # a string field (1 is a string in most requests) of bad UTF-8
+        junk = draw(st.binary(min_size=1, max_size=8).filter(lambda b: not _utf8(b)))
+        return bytes([0x0A, len(junk)]) + junk + base
+    return base[:at] + bytes(draw(st.binary(min_size=1, max_size=16))) + base[at:]
+
+
+def _utf8(data: bytes) -> bool:
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+@settings(
+    max_examples=1200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(method=st.sampled_from(sorted(METHODS)), data=st.data())
+def test_raw_bytes(daemon: Daemon, stub, method: str, data) -> None:  # type: ignore[no-untyped-def]
+    """Bytes straight onto the wire, for every method: only documented status codes; a
+    message that fails to decode is INVALID_ARGUMENT, never UNKNOWN or INTERNAL."""
+    s, token = stub
+    # Drawn before the lease is taken (hypothesis may abandon an example inside a draw),
+    # with a stand-in id of the same length swapped for the real one after.
+    stand_in = "e" * 32
+    drawn = data.draw(st.lists(raw_messages(token, stand_in), min_size=1, max_size=3))
+    lease = s.Lease(pb.LeaseRequest(client_token=token, size=LEASE, wait_ms=5000))
+    messages = [m.replace(stand_in.encode(), lease.lease_id.encode()) for m in drawn]
+    with grpc.insecure_channel(f"unix:{daemon.socket}") as channel:
+        fn = getattr(channel, METHODS[method])(f"/video_sidecar.v1.VideoSidecar/{method}")
+        if method == "Lease":  # a well-formed one takes a lease: give it back
+            try:
+                granted = pb.LeaseResponse.FromString(fn(messages[0], timeout=30))
+                code = grpc.StatusCode.OK
+            except grpc.RpcError as err:
+                code = err.code()
+            else:
+                call(s.Release, pb.ReleaseRequest(client_token=token, lease_id=granted.lease_id))
+        elif method.startswith("Encode"):
+            code = grpc.StatusCode.OK
+            try:
+                for reply in fn(iter(messages) if method == "EncodeStream" else messages[0]):
+                    # A flipped byte can ask for a spare lease: give it back too.
+                    spare = pb.EncodeEvent.FromString(reply).result.next_lease.lease_id
+                    if spare:
+                        call(s.Release, pb.ReleaseRequest(client_token=token, lease_id=spare))
+            except grpc.RpcError as err:
+                code = err.code()
+        else:
+            code = call(fn, messages[0])
+    COUNTS["raw:" + code.name] += 1
+    assert code in ACCEPTABLE | {grpc.StatusCode.RESOURCE_EXHAUSTED}, (code, method, messages)
+    call(s.Release, pb.ReleaseRequest(client_token=token, lease_id=lease.lease_id))
+
+
+@settings(
+    max_examples=400,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    # Mostly plausible, so accepted requests are common too.
+    frames=st.sampled_from([0, 1, 2, 2, 3, 3]),
+    audio_offset=st.one_of(st.sampled_from([0, 3 * 32 * 32 * 3] * 3), I64),
+    audio_size=st.one_of(st.sampled_from([4000, 4000, 4000, 0, 6, LEASE]), I64),
+    channels=st.one_of(st.sampled_from([1, 2, 2]), st.integers(0, 9)),
+    rate=st.sampled_from([48000, 48000, 16000, 44100, 0, 7, 2**31]),
+    fmt=st.one_of(st.sampled_from([1, 2]), st.integers(-1, 3)),
+    container=st.sampled_from([0, 1, 2, 3]),
+    other=st.sampled_from(["same", "separate", "unknown"]),
+)
+def test_audio_in_leases(
+    stub, frames, audio_offset, audio_size, channels, rate, fmt, container, other
+) -> None:  # type: ignore[no-untyped-def]
+    """Audio in the video's lease, its own lease or a missing one: accepted requests consume
+    every lease they name; refused ones leave each with the client."""
+    s, token = stub
+    lease = s.Lease(pb.LeaseRequest(client_token=token, size=LEASE, wait_ms=5000))
+    extra = s.Lease(pb.LeaseRequest(client_token=token, size=LEASE, wait_ms=5000))
+    audio_lease = {"same": lease.lease_id, "separate": extra.lease_id, "unknown": "cd" * 16}
+    container_codec = "vp9" if container == 3 else ""
+    request = pb.EncodeRequest(
+        client_token=token,
+        video=pb.VideoDescriptor(
+            width=32, height=32, pixel_format=pb.PIXEL_FORMAT_RGB24,
+            fps=pb.Rational(num=24, den=1),
+            ranges=[pb.FrameRange(lease_id=lease.lease_id, frame_count=frames)],
+        ),
+        codec=pb.CodecOptions(codec=container_codec),
+        output=pb.OutputSpec(container=container),  # type: ignore[arg-type]
+        audio=pb.AudioSpec(sample_rate=rate, channels=channels, sample_format=fmt),  # type: ignore[arg-type]
+        audio_data=[pb.AudioData(range=pb.AudioRange(
+            lease_id=audio_lease[other], offset=audio_offset, size=audio_size))],
+    )  # fmt: skip
+    code = call(s.Encode, request)
+    COUNTS["audio:" + code.name] += 1
+    assert code in ACCEPTABLE, (code, request)
+    assert_lease_kept_unless_ok(s, token, lease.lease_id, code)
+    if other == "separate":
+        assert_lease_kept_unless_ok(s, token, extra.lease_id, code)
+    call(s.Release, pb.ReleaseRequest(client_token=token, lease_id=extra.lease_id))
+
+
+CODEC_OF = {"libx264": "h264", "libx265": "h265", "libsvtav1": "av1", "libvpx-vp9": "vp9"}
+PARAMS_OF = {"libx264": "x264-params", "libx265": "x265-params", "libsvtav1": "svtav1-params"}
+PLANTED = "/tmp/video-sidecar-fuzz-planted"  # a path that must never come to exist
+
+
+@st.composite
+def codec_extra(draw) -> tuple[str, dict[str, str]]:  # type: ignore[no-untyped-def]
+    """Options from a grammar of real encoder option names: allowed ones with valid or
+    wrong values, and dangerous ones (files, logs, passes) with paths for values."""
+    encoder = draw(st.sampled_from(sorted(CODEC_OF)))
+    allowed = ALLOWED[encoder]
+    value = st.one_of(
+        st.sampled_from([PLANTED, f"{PLANTED}.log", "1", "0", "-1", "48", "film", "2,2"]),
+        st.text(max_size=12),
+    )
+
+    def allowed_value(name: str) -> str:
+        rule = allowed[name]
+        if isinstance(rule, Params):
+            return ""  # filled below
+        return draw(st.one_of(st.sampled_from(rule.examples()), value))
+
+    names = st.one_of(
+        st.sampled_from(sorted(allowed)), st.sampled_from(KNOWN_DANGEROUS[encoder] or ("x",))
+    )
+    extra = {}
+    for name in draw(st.lists(names, max_size=4, unique=True)):
+        extra[name] = allowed_value(name) if name in allowed else draw(value)
+    if encoder in PARAMS_OF and draw(st.booleans()):
+        params = allowed[PARAMS_OF[encoder]]
+        assert isinstance(params, Params)
+        keys = st.one_of(
+            st.sampled_from(sorted(params.allowed)),
+            st.sampled_from(KNOWN_DANGEROUS_PARAMS[encoder]),
+        )
+        pairs = []
+        for key in draw(st.lists(keys, min_size=1, max_size=4, unique=True)):
+            rule = params.allowed.get(key)
+            good = st.sampled_from(rule.examples()) if rule is not None else value
+            pairs.append(f"{key}={draw(st.one_of(good, value))}")
+        extra[PARAMS_OF[encoder]] = ":".join(pairs)
+    return encoder, extra
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(choice=codec_extra())
+def test_codec_options_grammar(daemon: Daemon, stub, choice) -> None:  # type: ignore[no-untyped-def]
+    """Whatever the options, only documented answers; nothing is written outside the
+    output root; a refused request keeps its lease."""
+    encoder, extra = choice
+    s, token = stub
+    lease = s.Lease(pb.LeaseRequest(client_token=token, size=LEASE, wait_ms=5000))
+    container = pb.CONTAINER_WEBM if encoder == "libvpx-vp9" else pb.CONTAINER_MP4
+    request = pb.EncodeRequest(
+        client_token=token,
+        video=pb.VideoDescriptor(
+            width=32, height=32, pixel_format=pb.PIXEL_FORMAT_RGB24,
+            fps=pb.Rational(num=24, den=1),
+            ranges=[pb.FrameRange(lease_id=lease.lease_id, frame_count=3)],
+        ),
+        codec=pb.CodecOptions(codec=CODEC_OF[encoder], extra=extra),
+        output=pb.OutputSpec(container=container),
+    )  # fmt: skip
+    code = call(s.Encode, request)
+    COUNTS["codec:" + code.name] += 1
+    assert code in ACCEPTABLE, (code, encoder, extra)
+    assert_lease_kept_unless_ok(s, token, lease.lease_id, code)
+    planted = [p for p in Path(PLANTED).parent.glob(Path(PLANTED).name + "*")]
+    assert not planted, f"an option wrote {planted}"
+    for where in (Path.cwd(), daemon.dir):  # the daemon runs in the test's directory
+        assert not list(where.glob("*2pass*")), "an option wrote a pass log"
 
 
 def test_still_serving_and_nothing_held(daemon: Daemon, stub) -> None:  # type: ignore[no-untyped-def]
