@@ -57,8 +57,11 @@ class Metrics:
 
     def serve(self, address: str) -> None:
         host, _, port = address.rpartition(":")
-        self._prom.start_http_server(int(port), addr=host.strip("[]") or "127.0.0.1",
-                                     registry=self.registry)  # fmt: skip
+        try:
+            self._prom.start_http_server(int(port), addr=host.strip("[]") or "127.0.0.1",
+                                         registry=self.registry)  # fmt: skip
+        except (OSError, OverflowError, ValueError) as exc:
+            raise StartupError(f"cannot serve metrics on {address!r}: {exc}") from None
 
 
 class _StateCollector:

@@ -154,6 +154,10 @@ BAD_STARTS: dict[str, tuple[Callable[[Path], list[str]], tuple[str, ...]]] = {
         lambda _: ["--tcp", "127.0.0.1:99999", "--insecure", "true"],
         ("99999", "0..65535"),
     ),
+    "metrics_port_too_big": (
+        lambda _: ["--metrics", "127.0.0.1:99999"],
+        ("metrics", "99999"),
+    ),
 }
 
 
