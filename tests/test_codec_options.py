@@ -23,10 +23,8 @@ from hypothesis import strategies as st
 
 from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
-from sidecar.codec_options import (
-    ALLOWED,
-    KNOWN_DANGEROUS,
-    KNOWN_DANGEROUS_PARAMS,
+from sidecar.codec_options import ALLOWED, KNOWN_DANGEROUS, KNOWN_DANGEROUS_PARAMS
+from sidecar.codec_rules import (
     MAX_OPTIONS,
     MAX_PARAMS,
     SHOW,
