@@ -12,6 +12,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from . import vocabulary
 from .errors import InvalidRequest, OutOfRange
 from .leases import Lease
 
@@ -48,13 +49,9 @@ class PixelLayout:
         return (row_stride, self.channels, 1)
 
 
+# The wire vocabulary's formats, as memory layouts.
 PIXEL_FORMATS: dict[str, PixelLayout] = {
-    "rgb24": PixelLayout("rgb24", 3),
-    "bgr24": PixelLayout("bgr24", 3),
-    "rgba": PixelLayout("rgba", 4),
-    "gray": PixelLayout("gray", 1),
-    "yuv420p": PixelLayout("yuv420p", 1, planar420=True),
-    "nv12": PixelLayout("nv12", 1, planar420=True),
+    f.name: PixelLayout(f.name, f.channels, f.planar420) for f in vocabulary.PIXEL_FORMATS.values()
 }
 
 
@@ -102,10 +99,8 @@ def check_geometry(
     pixel_format: str,
     fps: Fraction | tuple[int, int],
     limits: Limits,
-    *,
-    even_dimensions: bool = True,
 ) -> Geometry:
-    """Validate frame size, pixel format and rate. 4:2:0 output needs even sizes."""
+    """Validate frame size, pixel format and rate. Every output is 4:2:0: even sizes."""
     layout = PIXEL_FORMATS.get(pixel_format)
     if layout is None:
         raise InvalidRequest(
@@ -120,7 +115,7 @@ def check_geometry(
             raise InvalidRequest(name, f"must be positive, got {value}")
         if value > limit:
             raise OutOfRange(f"{name}: {value} exceeds the daemon's limit of {limit}")
-    if (even_dimensions or layout.planar420) and (width % 2 or height % 2):
+    if width % 2 or height % 2:
         raise InvalidRequest(
             "video.width" if width % 2 else "video.height",
             f"{width}x{height}: 4:2:0 video needs an even width and height",

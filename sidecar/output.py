@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import io
 import os
 import secrets
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
-def confine(root: Path, relative: str) -> PurePosixPath:
+def confine(relative: str) -> PurePosixPath:
     """Check a client path lexically; returns it as a relative path."""
     if not relative:
         raise InvalidRequest(FIELD, "must not be empty")
@@ -71,7 +70,7 @@ class FileTarget:
     @classmethod
     def prepare(cls, root: Path, relative: str, overwrite: bool) -> FileTarget:
         """Resolve `relative` under `root`, creating directories, refusing any escape."""
-        rel = confine(root, relative)
+        rel = confine(relative)
         real_root = os.path.realpath(root)
         current = real_root
         for part in rel.parent.parts:
@@ -134,7 +133,3 @@ class FileTarget:
             with contextlib.suppress(FileNotFoundError):
                 self.temp.unlink()
             self.temp = None
-
-
-class MemoryTarget(io.BytesIO):
-    """A seekable in-memory sink; plain MP4 needs to seek back to finish its index."""
