@@ -32,6 +32,7 @@ class StreamIntake:
         """Queue every chunk until the end message; returns the end's `next_lease_bytes`."""
         index = 0
         async for message in messages:
+            self._planner.leases.renew(self._accepted.spec.client_token)  # a live client
             if isinstance(message, StreamEnd):
                 self._finish(message)
                 return message.next_lease_bytes

@@ -3,7 +3,8 @@
 Pure bookkeeping (no shared memory, no gRPC), safe to call from the event loop and from
 encoder threads. A lease is
 
-    HELD      granted to a client, which is writing frames into it; expires after the TTL
+    HELD      granted to a client, which is writing frames into it; expires once the
+              client has made no call for the TTL (every call renews its leases)
     ENCODING  handed to an encode; never expires, freed as soon as its frames are consumed
 
 Lease ids are 128-bit random. A lease is visible only to the client token that took it:
@@ -63,6 +64,7 @@ class LeaseTable:
         self._clock = clock
         self._allocators = [RegionAllocator(slab_size, alignment) for _ in range(slab_count)]
         self._leases: dict[str, Lease] = {}
+        self._by_owner: dict[str, dict[str, Lease]] = {}
         self._lock = threading.Lock()
         self.on_free = on_free
         self.granted = 0
@@ -94,9 +96,18 @@ class LeaseTable:
                         spare=spare,
                     )
                     self._leases[lease.id] = lease
+                    self._by_owner.setdefault(owner, {})[lease.id] = lease
                     self.granted += 1
                     return lease
         return None
+
+    def renew(self, owner: str) -> None:
+        """Push back the expiry of every held lease of `owner`: a client that calls is
+        alive, and only the leases of clients that went silent may be reclaimed."""
+        until = self._clock() + self.ttl
+        with self._lock:
+            for lease in self._by_owner.get(owner, {}).values():
+                lease.expires_at = until
 
     def lookup(self, owner: str, lease_id: str) -> Lease:
         with self._lock:
@@ -175,7 +186,7 @@ class LeaseTable:
 
     def owners(self) -> set[str]:
         with self._lock:
-            return {lease.owner for lease in self._leases.values()}
+            return set(self._by_owner)
 
     def __len__(self) -> int:
         return len(self._leases)
@@ -192,6 +203,10 @@ class LeaseTable:
 
     def _drop(self, lease: Lease) -> None:
         del self._leases[lease.id]
+        mine = self._by_owner[lease.owner]
+        del mine[lease.id]
+        if not mine:
+            del self._by_owner[lease.owner]
         self._allocators[lease.slab_id].free(lease.offset)
 
     def _notify(self) -> None:

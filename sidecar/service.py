@@ -137,7 +137,7 @@ class Sidecar:
     async def lease(self, token: str, size: int, wait: float) -> Lease:
         """Grant a lease, waiting at most `wait` seconds (capped) for room."""
         self._check_accepting()
-        self.clients.check(token)
+        self._seen(token)
         assert self._freed is not None
         deadline = time.monotonic() + max(0.0, min(wait, self.config.max_lease_wait))
         while True:
@@ -156,8 +156,13 @@ class Sidecar:
                 await asyncio.wait_for(self._freed.wait(), remaining)
 
     def release(self, token: str, lease_id: str) -> None:
-        self.clients.check(token)
+        self._seen(token)
         self.leases.release(token, lease_id)
+
+    def _seen(self, token: str) -> None:
+        """A call from `token`: it must be attached, and its leases stay alive."""
+        self.clients.check(token)
+        self.leases.renew(token)
 
     def _wake_waiters(self) -> None:
         # Called from encoder threads as well as the loop.
@@ -170,11 +175,14 @@ class Sidecar:
         interval = min(1.0, self.config.lease_ttl / 4)
         while True:
             await asyncio.sleep(interval)
-            expired = [lease for lease in self.leases.expire() if not lease.spare]
-            if expired:  # an unused spare lease expiring is normal; these were written to
+            expired = self.leases.expire()
+            spares = sum(lease.spare for lease in expired)
+            if spares:  # a spare the client never came back for: normal
+                log.debug("reclaimed %d unused spare leases", spares)
+            if len(expired) > spares:
                 log.warning(
                     "reclaimed %d expired leases (clients gone or silent for %.0fs)",
-                    len(expired),
+                    len(expired) - spares,
                     self.config.lease_ttl,
                 )
 
@@ -214,7 +222,7 @@ class Sidecar:
     def _accept(self, spec: EncodeSpec, *, stream: bool = False) -> Accepted:
         self._check_accepting()
         self.stats.requests += 1
-        self.clients.check(spec.client_token)
+        self._seen(spec.client_token)
         return self.planner.accept(spec, stream=stream)
 
     async def _run(

@@ -129,3 +129,20 @@ def test_usage() -> None:
         2,
     )
     assert u.largest_free == 4 * MiB
+
+
+def test_a_call_from_the_owner_renews_its_held_leases() -> None:
+    clock = Clock()
+    t = table(clock)
+    mine, theirs = t.grant("me", 4096), t.grant("them", 4096)
+    assert mine is not None and theirs is not None
+    for _ in range(5):  # a client that keeps calling never loses its lease
+        clock.now += 8
+        t.renew("me")
+        assert t.expire() == [] or t.lookup("me", mine.id)
+    assert t.lookup("me", mine.id) is mine
+    with pytest.raises(LeaseNotFound):  # the silent client's lease was reclaimed
+        t.lookup("them", theirs.id)
+    clock.now += 11
+    assert t.expire() == [mine]
+    assert t.owners() == set()
