@@ -27,7 +27,7 @@ from .feed import End, FrameFeed, InlineFrames, Piece
 from .frames import Geometry, PlacedRange, borrow_frames
 from .output import FileTarget, output_error
 from .shm import Slab
-from .warm import EncoderKey, WarmPool, open_in_memory
+from .warm import EncoderKey, WarmPool, open_in_memory, opener_for
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +142,8 @@ class EncodeJob:
         self.thread_type = "FRAME"
         self._started = False
         self._writer: ChunkWriter | None = None  # fragmented MP4 streamed back
+        self._checked_out: EncoderKey | None = None  # settings taken from the warm pool
+        self._fixed_threads = False
 
     def stop(self) -> None:
         """Ask the job to stop at the next frame (or never to start)."""
@@ -158,13 +160,17 @@ class EncodeJob:
 
     # -- the run -------------------------------------------------------------------------
 
-    def run(self, threads: int, thread_type: str, queue_s: float = 0.0) -> EncodeOutcome:
+    def run(
+        self, threads: int, thread_type: str, queue_s: float = 0.0, *, fixed: bool = False
+    ) -> EncodeOutcome:
+        """Encode to the end. `threads` is a share of the cores, or (`fixed`) a count the
+        request or the configuration asked for, which a ready encoder must match."""
         plan = self.plan
         memfd: int | None = None
         encoder: VideoEncoder | None = None
         error: BaseException | None = None
         self._started = True
-        self.threads, self.thread_type = threads, thread_type
+        self.threads, self.thread_type, self._fixed_threads = threads, thread_type, fixed
         try:
             encoder, memfd = self._open()
             if self._audio is not None:
@@ -201,6 +207,8 @@ class EncodeJob:
             error = self._classify(exc)
         finally:
             self._feed.release_all()
+            if self._checked_out is not None and self._warm is not None:
+                self._warm.checkin(self._checked_out)
         if error is not None:
             # Raised here, bare: the frames of a failed encode hold views of slab memory,
             # and no traceback may keep them alive past the job.
@@ -260,7 +268,8 @@ class EncodeJob:
 
     @property
     def key(self) -> EncoderKey:
-        return EncoderKey.of(self.plan.geometry, self.plan.codec, self.threads, self.thread_type)
+        fixed = self.threads if self._fixed_threads else 0
+        return EncoderKey.of(self.plan.geometry, self.plan.codec, self.thread_type, fixed)
 
     @property
     def warmable(self) -> bool:
@@ -278,12 +287,15 @@ class EncodeJob:
         plan = self.plan
         if self.warmable:
             assert self._warm is not None
-            warm = self._warm.take(self.key)
-            if warm is not None:
+            self._checked_out = self.key
+            opener = opener_for(self._checked_out, plan.codec, plan.frames_total)
+            warm = self._warm.checkout(self._checked_out, opener)
+            if warm is None:
+                warm = open_in_memory(plan.geometry, plan.codec, self.threads, self.thread_type)
+            else:
                 warm.encoder.timings.open = 0.0  # paid before this request arrived
-                return warm.encoder, warm.memfd
-            fresh = open_in_memory(plan.geometry, plan.codec, self.threads, self.thread_type)
-            return fresh.encoder, fresh.memfd
+                self.threads = warm.threads
+            return warm.encoder, warm.memfd
         sink: str | BinaryIO
         memfd = None
         if plan.streams_bytes:

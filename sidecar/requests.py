@@ -3,7 +3,6 @@ turns into protobuf)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .audio import AudioFormat
@@ -97,9 +96,6 @@ class Result:
     audio_samples: int
     timings_ms: dict[str, float]
     next_lease: Lease | None = None
-    # Work to do once the client has its answer (opening the next encoder ahead of time);
-    # done after, because opening an encoder holds the GIL for milliseconds.
-    after: Callable[[], None] | None = None
 
 
 Event = Progress | Chunk | Result

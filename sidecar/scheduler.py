@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -85,8 +86,9 @@ class Scheduler:
 
     async def _run_in_thread(self, job: EncodeJob, queue_s: float) -> EncodeOutcome:
         threads, thread_type = self.threading(job)
-        loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._executor, job.run, threads, thread_type, queue_s)
+        fixed = bool(job.plan.threads or self.encoder_threads)
+        run = functools.partial(job.run, threads, thread_type, queue_s, fixed=fixed)
+        future = asyncio.get_running_loop().run_in_executor(self._executor, run)
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:

@@ -303,7 +303,6 @@ class Sidecar:
                 "total_ms": (time.perf_counter() - received_at) * 1e3,
             },
             next_lease=next_lease,
-            after=self.warm.refill_for(job) if job.warmable else None,
         )
 
     # -- reporting -----------------------------------------------------------------------

@@ -227,8 +227,6 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
             async for event in events(stop):
                 if isinstance(event, Result):
                     frames, size = event.frames, event.size_bytes
-                    if event.after is not None:
-                        context.add_done_callback(_run_after(event.after))
                 yield event_to_proto(event, self.sidecar.config.lease_ttl)
         except SidecarError as exc:
             outcome = status_of(exc).name
@@ -269,8 +267,3 @@ def check_request_id(given: str) -> None:
         raise InvalidRequest(
             "request_id", "must be 1-128 printable ASCII characters without spaces, or empty"
         )
-
-
-def _run_after(action: Callable[[], None]) -> Callable[[Any], None]:
-    """A done-callback that runs `action` once the RPC has ended."""
-    return lambda _context: action()

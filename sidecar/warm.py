@@ -1,9 +1,14 @@
-"""Encoders opened ahead of time for the shapes the daemon just served.
+"""Encoders opened ahead of time for the settings the daemon is serving.
 
 Opening libx264 and the colour converter costs several milliseconds, as much as encoding a
-short clip. Generation servers send the same shape again and again, so after a short
-clip is done the daemon opens the next encoder for that shape on a background thread;
-the next request with the same settings finds it ready.
+short clip, and holds the GIL. Generation servers send the same settings back to back, so
+the moment a request takes a ready encoder, the pool starts opening the next one on a
+background thread, while that request encodes: the next request finds it ready instead of
+paying the open. The pool keeps as many ready per setting as that setting has had
+requests in flight at once recently, so 8 concurrent clients find 8.
+
+The thread count is not part of the key: a ready encoder is opened with a share of the
+cores for the concurrency its setting sees, and a request that takes it uses it as is.
 """
 
 from __future__ import annotations
@@ -12,23 +17,21 @@ import contextlib
 import os
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .encoder import ResolvedCodec, VideoEncoder
+from .config import cpu_count
+from .encoder import ResolvedCodec, VideoEncoder, threading_for
 from .frames import Geometry
-
-if TYPE_CHECKING:
-    from .jobs import EncodeJob
 
 # Only short clips are worth it: for long ones the open cost is lost in the encode.
 MAX_WARM_BYTES = 64 * 1024 * 1024
-MAX_IDLE_S = 120.0
+MAX_IDLE_S = 120.0  # a ready encoder unused this long is closed
+DEMAND_WINDOW_S = 30.0  # how long a burst of concurrency is remembered
 
 
 @dataclass(frozen=True)
@@ -37,21 +40,15 @@ class EncoderKey:
     encoder: str
     options: tuple[tuple[str, str], ...]
     gop: int | None
-    threads: int
     thread_type: str
+    threads: int  # as asked for (request or config); 0: a share of the cores
 
     @classmethod
     def of(
-        cls, geometry: Geometry, codec: ResolvedCodec, threads: int, thread_type: str
+        cls, geometry: Geometry, codec: ResolvedCodec, thread_type: str, threads: int
     ) -> EncoderKey:
-        return cls(
-            geometry,
-            codec.choice.encoder,
-            tuple(sorted(codec.options.items())),
-            codec.gop,
-            threads,
-            thread_type,
-        )
+        options = tuple(sorted(codec.options.items()))
+        return cls(geometry, codec.choice.encoder, options, codec.gop, thread_type, threads)
 
 
 @dataclass
@@ -60,6 +57,7 @@ class WarmEncoder:
 
     encoder: VideoEncoder
     memfd: int
+    threads: int
     ready_at: float
 
     def discard(self) -> None:
@@ -76,7 +74,7 @@ def open_in_memory(
     except BaseException:
         os.close(memfd)
         raise
-    return WarmEncoder(encoder, memfd, time.monotonic())
+    return WarmEncoder(encoder, memfd, threads, time.monotonic())
 
 
 def warm_up(
@@ -90,12 +88,32 @@ def warm_up(
     return warm
 
 
+# Opens a ready encoder for a key, given how many requests for it run at once.
+Opener = Callable[[int], WarmEncoder]
+
+
+def opener_for(key: EncoderKey, codec: ResolvedCodec, frames: int) -> Opener:
+    """How to open a ready encoder for `key`: with the threads asked for, else a share of
+    the cores for the concurrency it sees. Holds settings only, never a job or its views."""
+
+    def open_one(concurrency: int) -> WarmEncoder:
+        if key.threads:
+            return warm_up(key.geometry, codec, key.threads, key.thread_type)
+        share = max(1, cpu_count() // concurrency)
+        return warm_up(key.geometry, codec, *threading_for(frames, key.geometry.height, share))
+
+    return open_one
+
+
 class WarmPool:
-    """At most `capacity` ready encoders, one per key, most recently used kept."""
+    """Ready encoders by key, at most `capacity` in all."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._ready: OrderedDict[EncoderKey, WarmEncoder] = OrderedDict()
+        self._ready: dict[EncoderKey, deque[WarmEncoder]] = {}
+        self._opening: Counter[EncoderKey] = Counter()
+        self._in_use: Counter[EncoderKey] = Counter()
+        self._demand: dict[EncoderKey, tuple[int, float]] = {}  # peak in use, and when
         self._lock = threading.Lock()
         self._closed = False
         self._executor: ThreadPoolExecutor | None = None
@@ -105,60 +123,79 @@ class WarmPool:
     def start(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="warm")
 
-    def refill_for(self, job: EncodeJob) -> Callable[[], None]:
-        """What opens the next encoder for a finished job's settings, in the background,
-        once called (after the client has its answer: opening holds the GIL for
-        milliseconds). It keeps the settings only, not the job, whose slab views must
-        not outlive it."""
-        geometry, codec, key = job.plan.geometry, job.plan.codec, job.key
-        threads, thread_type = job.threads, job.thread_type
-
-        def open_next() -> None:
-            if self._executor is not None and not self._closed:
-                self._executor.submit(
-                    self.fill, key, lambda: warm_up(geometry, codec, threads, thread_type)
-                )
-
-        return open_next
-
     def eligible(self, geometry: Geometry, frames: int) -> bool:
         frame = geometry.layout.frame_bytes(geometry.width, geometry.height)
         return self.capacity > 0 and frames * frame <= MAX_WARM_BYTES
 
-    def take(self, key: EncoderKey) -> WarmEncoder | None:
+    def checkout(self, key: EncoderKey, opener: Opener) -> WarmEncoder | None:
+        """A ready encoder for `key`, if one waits; either way, the pool starts opening
+        the next ones now. Pair every call with `checkin(key)`."""
+        now = time.monotonic()
+        stale: list[WarmEncoder] = []
         with self._lock:
-            warm = self._ready.pop(key, None)
-            if warm is not None and time.monotonic() - warm.ready_at < MAX_IDLE_S:
+            self._in_use[key] += 1
+            peak, since = self._demand.get(key, (0, now))
+            if self._in_use[key] >= peak or now - since > DEMAND_WINDOW_S:
+                self._demand[key] = (self._in_use[key], now)
+            ready = self._ready.get(key, deque())
+            while ready and now - ready[0].ready_at > MAX_IDLE_S:
+                stale.append(ready.popleft())
+            warm = ready.popleft() if ready else None
+            if warm is not None:
                 self.hits += 1
-                return warm
-            self.misses += 1
-        if warm is not None:
-            warm.discard()
-        return None
-
-    def fill(self, key: EncoderKey, make: Callable[[], WarmEncoder]) -> None:
-        """Open an encoder for `key` unless one is waiting already (runs off the loop)."""
-        with self._lock:
-            if self._closed or key in self._ready:
-                return
-        warm = make()
-        evicted = []
-        with self._lock:
-            if self._closed or key in self._ready:
-                evicted.append(warm)
             else:
-                self._ready[key] = warm
-                while len(self._ready) > self.capacity:
-                    evicted.append(self._ready.popitem(last=False)[1])
-        for old in evicted:
+                self.misses += 1
+            missing = self._wanted(key) - len(ready) - self._opening[key]
+            self._opening[key] += max(0, missing)
+        for old in stale:
             old.discard()
+        for _ in range(missing):
+            self._submit(key, opener)
+        return warm
+
+    def checkin(self, key: EncoderKey) -> None:
+        with self._lock:
+            self._in_use[key] -= 1
+            if not self._in_use[key]:
+                del self._in_use[key]
+
+    def demand(self, key: EncoderKey) -> int:
+        with self._lock:
+            return max(1, self._demand.get(key, (1, 0.0))[0])
+
+    def _wanted(self, key: EncoderKey) -> int:
+        """Ready encoders to keep for `key`: its recent peak concurrency, within capacity
+        (lock held)."""
+        held = sum(len(q) for q in self._ready.values()) + sum(self._opening.values())
+        room = self.capacity - held + len(self._ready.get(key, ())) + self._opening[key]
+        return max(0, min(self._demand[key][0], room))
+
+    def _submit(self, key: EncoderKey, opener: Opener) -> None:
+        def fill() -> None:
+            try:
+                warm = None if self._closed else opener(self.demand(key))
+            finally:
+                with self._lock:
+                    self._opening[key] -= 1
+                    keep = warm is not None and not self._closed
+                    if keep:
+                        self._ready.setdefault(key, deque()).append(warm)  # type: ignore[arg-type]
+            if warm is not None and not keep:
+                warm.discard()
+
+        if self._executor is None or self._closed:
+            with self._lock:
+                self._opening[key] -= 1
+            return
+        self._executor.submit(fill)
 
     def close(self) -> None:
+        self._closed = True
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
         with self._lock:
-            self._closed = True
-            ready, self._ready = list(self._ready.values()), OrderedDict()
+            ready = [w for q in self._ready.values() for w in q]
+            self._ready.clear()
         for warm in ready:
             with contextlib.suppress(Exception):
                 warm.discard()

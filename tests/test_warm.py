@@ -1,0 +1,112 @@
+"""Steady traffic never waits for an encoder open: back to back and concurrent."""
+
+from __future__ import annotations
+
+import threading
+import time
+from fractions import Fraction
+from typing import cast
+
+from client.patterns import moving_pattern
+from sidecar.frames import PIXEL_FORMATS, Geometry
+from sidecar.warm import EncoderKey, WarmEncoder, WarmPool
+
+
+def test_back_to_back_requests_find_a_ready_encoder(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    d = make_daemon(warm_encoders=4)
+    clip = moving_pattern(4, 128, 96)
+    with d.client() as c:
+        outputs = [c.encode(clip).data for _ in range(10)]  # no pause between them
+        counters = c.status().counters
+    assert len(set(outputs)) == 1  # a ready encoder changes nothing but time
+    # The first opens cold; each one taken starts the next opening while it encodes.
+    assert counters["warm_misses"] <= 2, counters
+    assert counters["warm_hits"] >= 8, counters
+
+
+def test_concurrent_clients_each_find_one(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    d = make_daemon(warm_encoders=8, max_concurrent_encodes=4)
+    clip = moving_pattern(4, 128, 96)
+    errors: list[BaseException] = []
+    go = threading.Barrier(4)
+
+    def work() -> None:
+        try:
+            with d.client() as c:
+                go.wait()
+                for _ in range(8):
+                    assert c.encode(clip).frames == 4
+        except BaseException as exc:  # reported below, not lost in the thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    with d.client() as c:
+        counters = c.status().counters
+    total = counters["warm_hits"] + counters["warm_misses"]
+    assert total == 32
+    # Misses only while the pool learns the concurrency (a few per client at most).
+    assert counters["warm_misses"] <= 12, counters
+
+
+class FakeWarm:
+    """Stands in for an open encoder: the pool only queues and discards them."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads, self.ready_at, self.discarded = threads, time.monotonic(), False
+
+    def discard(self) -> None:
+        self.discarded = True
+
+
+def key(width: int) -> EncoderKey:
+    geometry = Geometry(width, 64, PIXEL_FORMATS["rgb24"], Fraction(24))
+    return EncoderKey(geometry, "libx264", (), None, "SLICE", 0)
+
+
+def settle(pool: WarmPool, opened: list[FakeWarm], count: int) -> None:
+    """Wait until `count` encoders were opened and handed to the pool."""
+    deadline = time.monotonic() + 10
+    while len(opened) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)  # the pool files each one right after its opener returns
+
+
+def test_ready_encoders_follow_concurrency_within_capacity() -> None:
+    pool = WarmPool(capacity=3)
+    pool.start()
+    gate = threading.Event()
+    opened: list[FakeWarm] = []
+
+    def opener(concurrency: int) -> WarmEncoder:
+        gate.wait(10)
+        opened.append(FakeWarm(16 // concurrency))
+        return cast(WarmEncoder, opened[-1])
+
+    a = key(64)
+    try:
+        assert pool.checkout(a, opener) is None  # cold: a miss; the next one starts opening
+        assert pool.checkout(a, opener) is None  # two at once: the pool wants two ready
+        gate.set()
+        settle(pool, opened, 2)
+        assert [w.threads for w in opened] == [16, 8]  # opened for 1, then for 2 at once
+        pool.checkin(a)
+        pool.checkin(a)
+        assert pool.checkout(a, opener) is opened[0]  # a hit, and one more starts opening
+        pool.checkin(a)
+        settle(pool, opened, 3)
+        for width in (128, 160, 192, 224):  # more settings than room for them
+            pool.checkout(key(width), opener)
+            pool.checkin(key(width))
+        settle(pool, opened, 7)
+        ready = [w for w in opened[1:] if not w.discarded]
+        assert len(ready) <= 3, len(ready)  # never more than the capacity
+        assert (pool.hits, pool.misses) == (1, 6)
+    finally:
+        gate.set()
+        pool.close()
+    assert all(w.discarded for w in opened[1:])  # closing discards every ready one
