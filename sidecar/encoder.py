@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import av
 import numpy as np
@@ -163,16 +163,91 @@ def container_options(
 ) -> dict[str, str]:
     options: dict[str, str] = {}
     if container == "fmp4":
-        # Short fragments, so the first bytes reach the client early.
+        # Short fragments, so the first bytes reach the client early. The edit lists that
+        # make players skip the AAC priming samples (and any B-frame delay) need the first
+        # samples' timestamps, which an empty moov written before any packet has not got:
+        # delay_moov holds the init segment back until the first fragment is cut, then
+        # writes both together, so the first bytes still leave with the first fragment.
         options["movflags"] = "frag_keyframe+empty_moov+default_base_moof"
         options["frag_duration"] = "500000"
-        options["use_editlist"] = "1"  # so players skip the AAC priming samples
+        options["use_editlist"] = "1"
     elif container == "mp4" and isinstance(sink, str):
         options["movflags"] = "+faststart"
     if audio is not None and container != "fmp4":
         # Audio may arrive only at the end: hold video packets so the two interleave.
         options["max_interleave_delta"] = "0"
     return options
+
+
+def configure(
+    ctx: av.VideoCodecContext,
+    geometry: Geometry,
+    codec: ResolvedCodec,
+    threads: int,
+    thread_type: str,
+) -> None:
+    """Set up a video encoder context (not yet opened) for these settings."""
+    ctx.width = geometry.width
+    ctx.height = geometry.height
+    ctx.pix_fmt = "yuv420p"
+    ctx.time_base = Fraction(1) / geometry.fps
+    # Tag the stream as BT.709 limited range, which is what the conversion produces.
+    ctx.color_primaries = BT709
+    ctx.color_trc = BT709
+    ctx.colorspace = BT709
+    ctx.color_range = LIMITED_RANGE
+    if codec.gop is not None:
+        ctx.gop_size = codec.gop
+    ctx.thread_type = thread_type
+    ctx.thread_count = threads
+    ctx.options = dict(codec.options)
+
+
+def open_context(ctx: av.VideoCodecContext, codec: ResolvedCodec) -> None:
+    try:
+        ctx.open()
+    except av.error.FFmpegError as exc:
+        raise InvalidRequest(
+            "codec", f"{codec.choice.encoder} rejected the options {codec.options}: {exc}"
+        ) from None
+
+
+class FrameConverter:
+    """Borrowed frames in the client's format to yuv420p frames for the encoder. One per
+    thread: the converter keeps state."""
+
+    def __init__(self, geometry: Geometry, threads: int) -> None:
+        self._layout = geometry.layout
+        self._needs_convert = self._layout.name != "yuv420p"
+        # PyAV mis-sizes borrowed 4:2:0 frames whose height is not a multiple of 4.
+        self._copy_420 = self._layout.planar420 and geometry.height % 4 != 0
+        self._reformatter = VideoReformatter()
+        self._threads = max(1, min(threads, 8)) if threads else 1
+
+    def frame(self, image: np.ndarray) -> av.VideoFrame:
+        """A PyAV frame over `image` (borrowed), converted to yuv420p if need be."""
+        if self._copy_420:
+            frame = av.VideoFrame.from_ndarray(image, format=self._layout.name)
+        else:
+            frame = av.VideoFrame.from_numpy_buffer(image, format=self._layout.name)
+        if self._needs_convert:
+            frame = self._reformatter.reformat(
+                frame,
+                format="yuv420p",
+                src_colorspace=Colorspace.ITU709,
+                dst_colorspace=Colorspace.ITU709,
+                src_color_range=ColorRange.MPEG if self._layout.planar420 else ColorRange.JPEG,
+                dst_color_range=ColorRange.MPEG,
+                threads=self._threads,
+            )
+        frame.colorspace = BT709
+        frame.color_range = LIMITED_RANGE
+        return frame
+
+    def prime(self, blank: np.ndarray) -> None:
+        """Set up the colour converter ahead of the first frame."""
+        if self._needs_convert:
+            self.frame(blank)
 
 
 @dataclass
@@ -210,12 +285,7 @@ class VideoEncoder:
         self.frames = 0
         self.timings = EncodeTimings()
         self.audio: AudioTrack | None = None
-        self._layout = geometry.layout
-        self._needs_convert = self._layout.name != "yuv420p"
-        # PyAV mis-sizes borrowed 4:2:0 frames whose height is not a multiple of 4.
-        self._copy_420 = self._layout.planar420 and geometry.height % 4 != 0
-        self._reformatter = VideoReformatter()
-        self._convert_threads = max(1, min(threads, 8)) if threads else 1
+        self._converter = FrameConverter(geometry, threads)
         t0 = time.perf_counter()
         self._container = av.open(
             sink,
@@ -233,63 +303,40 @@ class VideoEncoder:
         self.timings.open = time.perf_counter() - t0
 
     def _add_stream(self, threads: int, thread_type: str) -> av.video.stream.VideoStream:
-        g = self.geometry
-        stream = self._container.add_stream(self.codec.choice.encoder, rate=g.fps)
+        stream = self._container.add_stream(self.codec.choice.encoder, rate=self.geometry.fps)
         assert isinstance(stream, av.VideoStream)
-        ctx = stream.codec_context
-        ctx.width = g.width
-        ctx.height = g.height
-        ctx.pix_fmt = "yuv420p"
-        ctx.time_base = Fraction(1) / g.fps
-        stream.time_base = ctx.time_base
-        # Tag the stream as BT.709 limited range, which is what the conversion produces.
-        ctx.color_primaries = BT709
-        ctx.color_trc = BT709
-        ctx.colorspace = BT709
-        ctx.color_range = LIMITED_RANGE
-        if self.codec.gop is not None:
-            ctx.gop_size = self.codec.gop
-        ctx.thread_type = thread_type
-        ctx.thread_count = threads
-        ctx.options = dict(self.codec.options)
-        try:
-            ctx.open()
-        except av.error.FFmpegError as exc:
-            raise InvalidRequest(
-                "codec",
-                f"{self.codec.choice.encoder} rejected the options {self.codec.options}: {exc}",
-            ) from None
+        configure(stream.codec_context, self.geometry, self.codec, threads, thread_type)
+        stream.time_base = stream.codec_context.time_base
+        open_context(stream.codec_context, self.codec)
         return stream
 
     def _frame(self, image: np.ndarray) -> av.VideoFrame:
-        """A PyAV frame over `image` (borrowed), converted to yuv420p if need be."""
-        if self._copy_420:
-            frame = av.VideoFrame.from_ndarray(image, format=self._layout.name)
-        else:
-            frame = av.VideoFrame.from_numpy_buffer(image, format=self._layout.name)
-        if self._needs_convert:
-            frame = self._reformatter.reformat(
-                frame,
-                format="yuv420p",
-                src_colorspace=Colorspace.ITU709,
-                dst_colorspace=Colorspace.ITU709,
-                src_color_range=ColorRange.MPEG if self._layout.planar420 else ColorRange.JPEG,
-                dst_color_range=ColorRange.MPEG,
-                threads=self._convert_threads,
-            )
-        return frame
+        return self._converter.frame(image)
 
     def prime(self, blank: np.ndarray) -> None:
         """Set up the colour converter ahead of the first frame; encodes nothing."""
-        if self._needs_convert:
-            self._frame(blank)
+        self._converter.prime(blank)
+
+    @property
+    def extradata(self) -> bytes | None:
+        """The stream's codec headers (SPS/PPS for H.264), which segments must share."""
+        return self._stream.codec_context.extradata
+
+    def mux_encoded(self, packets: list[Any], frames: int) -> None:
+        """Mux packets a segment encoder made for this stream; `frames` were in them."""
+        t0 = time.perf_counter()
+        for packet in packets:
+            packet.stream = self._stream
+        self._container.mux(packets)
+        self.frames += frames
+        if self.audio is not None:
+            self._container.mux(self.audio.encode_until(self.duration))
+        self.timings.mux += time.perf_counter() - t0
 
     def encode(self, image: np.ndarray) -> None:
         """Encode one frame; `image` is borrowed and may be reused when this returns."""
         t0 = time.perf_counter()
         frame = self._frame(image)
-        frame.colorspace = BT709
-        frame.color_range = LIMITED_RANGE
         frame.pts = self.frames
         t1 = time.perf_counter()
         packets = self._stream.encode(frame)

@@ -90,6 +90,15 @@ class FrameFeed:
                 continue
         return None
 
+    def drain(self) -> tuple[list[Piece], End]:
+        """Every piece of a whole video, queued at once, and its end (no waiting)."""
+        pieces: list[Piece] = []
+        while True:
+            item = self._queue.get_nowait()
+            if isinstance(item, End):
+                return pieces, item
+            pieces.append(item)
+
     async def wait_for_room(self, nbytes: int) -> None:
         """Admit `nbytes` of inline frames, waiting while too many are queued: the
         backpressure that reaches a remote client through gRPC flow control."""

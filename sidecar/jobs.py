@@ -26,6 +26,7 @@ from .errors import Cancelled, EncodeFailed, InvalidRequest, SidecarError
 from .feed import End, FrameFeed, InlineFrames, Piece
 from .frames import Geometry, PlacedRange, borrow_frames
 from .output import FileTarget, output_error
+from .segments import SEGMENTABLE, encode_segments, frame_lookup, plan_segments
 from .shm import Slab
 from .warm import EncoderKey, WarmPool, open_in_memory, opener_for
 
@@ -91,6 +92,26 @@ class EncodeOutcome:
         if self.memfd is not None:
             os.close(self.memfd)
             self.memfd = None
+
+
+class _Progress:
+    """Progress events, at most one per PROGRESS_INTERVAL."""
+
+    def __init__(self, emit: Callable[[Progress | Chunk], None], total: int) -> None:
+        self._emit = emit
+        self._total = total
+        self._last = time.monotonic()
+        self.done = 0
+
+    def add(self, frames: int) -> None:
+        self.reach(self.done + frames)
+
+    def reach(self, done: int) -> None:
+        self.done = done
+        now = time.monotonic()
+        if now - self._last >= PROGRESS_INTERVAL:
+            self._emit(Progress(done, self._total))
+            self._last = now
 
 
 class ChunkWriter:
@@ -233,29 +254,54 @@ class EncodeJob:
         )
 
     def _consume(self, encoder: VideoEncoder) -> None:
-        done = 0
-        last_report = time.monotonic()
+        progress = _Progress(self._emit, self.plan.frames_total)
+        if self._consume_in_segments(encoder, progress):
+            return
         while True:
             piece = self._feed.get(self._cancel)
             if piece is None:
                 raise Cancelled("cancelled by the client")
             if isinstance(piece, End):
-                if done == 0:  # an MP4 with no frames plays nowhere: refuse, keep nothing
-                    raise InvalidRequest("end", "the stream ended before its first frame")
-                if piece.audio is not None:
-                    encoder.set_audio(piece.audio)
+                self._finish(encoder, piece, progress.done)
                 return
-            for image in self._frames_of(piece):
-                if self.stopped:
-                    raise Cancelled("cancelled by the client")
-                encoder.encode(image)
-                done += 1
-                now = time.monotonic()
-                if now - last_report >= PROGRESS_INTERVAL:
-                    self._emit(Progress(done, self.plan.frames_total))
-                    last_report = now
-            # Every frame of this piece is inside the encoder: its lease can go.
-            self._feed.consumed(piece)
+            self._encode_piece(encoder, piece, progress)
+
+    def _encode_piece(self, encoder: VideoEncoder, piece: Piece, progress: _Progress) -> None:
+        for image in self._frames_of(piece):
+            if self.stopped:
+                raise Cancelled("cancelled by the client")
+            encoder.encode(image)
+            progress.add(1)
+        # Every frame of this piece is inside the encoder: its lease can go.
+        self._feed.consumed(piece)
+
+    def _finish(self, encoder: VideoEncoder, end: End, frames: int) -> None:
+        if frames == 0:  # an MP4 with no frames plays nowhere: refuse, keep nothing
+            raise InvalidRequest("end", "the stream ended before its first frame")
+        if end.audio is not None:
+            encoder.set_audio(end.audio)
+
+    def _consume_in_segments(self, encoder: VideoEncoder, progress: _Progress) -> bool:
+        """A whole video (every piece queued already) in parallel segments, when it is
+        long enough and the job has the cores (see segments); False if not."""
+        plan = self.plan
+        if not plan.frames_total or plan.codec.choice.encoder not in SEGMENTABLE:
+            return False
+        segments = plan_segments(plan.frames_total, self.threads, plan.codec.gop)
+        if len(segments) < 2:
+            return False
+        pieces, end = self._feed.drain()
+        frame_at = frame_lookup([self._frames_of(piece) for piece in pieces])
+        done = encode_segments(
+            encoder, frame_at, segments, self.threads, lambda: self.stopped, progress.reach
+        )
+        for piece in pieces:  # every frame is encoded (or, if not, each is, now)
+            if not done:
+                self._encode_piece(encoder, piece, progress)
+            else:
+                self._feed.consumed(piece)
+        self._finish(encoder, end, progress.done)
+        return True
 
     def _frames_of(self, piece: Piece) -> np.ndarray:
         if isinstance(piece, InlineFrames):

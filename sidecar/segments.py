@@ -1,0 +1,131 @@
+"""Segment-parallel encoding: a long video cut into GOP-aligned segments that encode at once.
+
+x264 with frame threads scales poorly past a handful of threads on one stream, while a
+1344x768x362 video has cores to spare. So a long video whose frames are all in hand (an
+Encode, not a stream) is cut into segments of whole GOPs; each segment gets its own
+encoder, configured exactly like the output stream's (so they share its SPS/PPS), and
+starts on a keyframe; their packets are muxed into the one output in order, with the
+segment's own timestamps, so the result is one valid file with continuous timestamps.
+
+The cost is one extra keyframe per cut, so segments are long (`MIN_SEGMENT_FRAMES`), and
+only as many as the job's share of the cores allows: concurrent requests each get fewer
+cores and so fewer segments, and a 2-core machine never cuts at all.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import av
+import numpy as np
+
+from .encoder import FrameConverter, VideoEncoder, configure, open_context
+from .errors import Cancelled
+
+MIN_SEGMENT_FRAMES = 60
+THREADS_PER_SEGMENT = 4  # frame threads per segment encoder; x264 scales well to this
+MAX_SEGMENTS = 8
+SEGMENTABLE = ("libx264", "libx265")
+
+
+def plan_segments(frames: int, cores: int, gop: int | None) -> list[tuple[int, int]]:
+    """[start, stop) frame ranges: one (no cut) unless the video and the cores allow more.
+    Cuts fall on multiples of `gop` when the request fixed one."""
+    count = min(cores // THREADS_PER_SEGMENT, frames // MIN_SEGMENT_FRAMES, MAX_SEGMENTS)
+    if count < 2:
+        return [(0, frames)]
+    cuts = [frames * k // count for k in range(count + 1)]
+    if gop:
+        cuts = sorted({0, frames, *(round(c / gop) * gop for c in cuts[1:-1])})
+        cuts = [c for c in cuts if 0 <= c <= frames]
+    return [(a, b) for a, b in itertools.pairwise(cuts) if b > a]
+
+
+class SegmentCoder:
+    """A bare encoder for one segment, set up like the output stream's encoder."""
+
+    def __init__(self, encoder: VideoEncoder, threads: int) -> None:
+        ctx = av.CodecContext.create(encoder.codec.choice.encoder, "w")
+        assert isinstance(ctx, av.VideoCodecContext)
+        configure(ctx, encoder.geometry, encoder.codec, threads, "FRAME")
+        # Headers out of band, as the container asked of the stream's own encoder.
+        ctx.flags |= av.codec.context.Flags.global_header
+        open_context(ctx, encoder.codec)
+        self._ctx = ctx
+        self._converter = FrameConverter(encoder.geometry, threads)
+
+    @property
+    def extradata(self) -> bytes | None:
+        return self._ctx.extradata
+
+    def encode(
+        self,
+        frame_at: Callable[[int], np.ndarray],
+        start: int,
+        stop: int,
+        stopped: Callable[[], bool],
+    ) -> list[Any]:
+        packets: list[Any] = []
+        for index in range(start, stop):
+            if stopped():
+                raise Cancelled("cancelled by the client")
+            frame = self._converter.frame(frame_at(index))
+            frame.pts = index  # the segment's place in the whole video
+            packets += self._ctx.encode(frame)
+        packets += self._ctx.encode(None)
+        return packets
+
+
+def frame_lookup(pieces: list[np.ndarray]) -> Callable[[int], np.ndarray]:
+    """Frame `i` of the whole video, from its pieces' frame arrays in order."""
+    starts = list(itertools.accumulate((len(p) for p in pieces), initial=0))
+
+    def frame_at(index: int) -> np.ndarray:
+        k = bisect.bisect_right(starts, index) - 1
+        frame: np.ndarray = pieces[k][index - starts[k]]
+        return frame
+
+    return frame_at
+
+
+def encode_segments(
+    encoder: VideoEncoder,
+    frame_at: Callable[[int], np.ndarray],
+    segments: list[tuple[int, int]],
+    threads: int,
+    stopped: Callable[[], bool],
+    progress: Callable[[int], None],
+) -> bool:
+    """Encode `segments` at once and mux them in order; False (nothing done) when the
+    segment encoders would not share the stream's headers."""
+    each = max(1, threads // len(segments))
+    coders = [SegmentCoder(encoder, each) for _ in segments]
+    if any(c.extradata != encoder.extradata for c in coders):
+        return False
+    failed = threading.Event()
+
+    def halt() -> bool:
+        return failed.is_set() or stopped()
+
+    t0, mux0 = time.perf_counter(), encoder.timings.mux
+    with ThreadPoolExecutor(len(segments), thread_name_prefix="segment") as pool:
+        futures = [
+            pool.submit(coder.encode, frame_at, start, stop, halt)
+            for coder, (start, stop) in zip(coders, segments, strict=True)
+        ]
+        try:
+            for future, (start, stop) in zip(futures, segments, strict=True):
+                encoder.mux_encoded(future.result(), stop - start)  # in order, as each ends
+                progress(stop)
+        except BaseException:
+            failed.set()  # the others stop at their next frame
+            raise
+    # Conversion happens inside the segment threads: it counts as encoding here.
+    encoder.timings.encode += time.perf_counter() - t0 - (encoder.timings.mux - mux0)
+    return True

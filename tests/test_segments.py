@@ -1,0 +1,71 @@
+"""Segment-parallel encoding: one valid file, the same frames, about the same size."""
+
+from __future__ import annotations
+
+import io
+
+import av
+import numpy as np
+import pytest
+
+from client.patterns import moving_pattern
+from sidecar.segments import plan_segments
+
+from .helpers import decode, psnr
+
+
+def test_plan_follows_frames_and_cores() -> None:
+    assert plan_segments(362, 16, None) == [(0, 90), (90, 181), (181, 271), (271, 362)]
+    assert plan_segments(362, 2, None) == [(0, 362)]  # a 2-core share never cuts
+    assert plan_segments(100, 16, None) == [(0, 100)]  # too short for two segments
+    assert plan_segments(122, 16, None) == [(0, 61), (61, 122)]
+    cut = plan_segments(362, 16, 48)  # cuts on whole GOPs when the request fixes the GOP
+    assert all(start % 48 == 0 for start, _ in cut) and cut[-1][1] == 362
+    assert len(plan_segments(10_000, 256, None)) == 8
+
+
+def packets(data: bytes, fps: int = 24) -> list[tuple[int, int, bool]]:
+    """(pts, dts, keyframe) of each video packet, in frames."""
+    with av.open(io.BytesIO(data)) as container:
+        return [
+            (round(p.pts * p.time_base * fps), round(p.dts * p.time_base * fps), p.is_keyframe)
+            for p in container.demux(video=0)
+            if p.size
+        ]
+
+
+@pytest.mark.parametrize("container", ["mp4", "fmp4"])
+@pytest.mark.parametrize("preset", ["ultrafast", "fast"])
+def test_segments_match_a_single_pass(make_daemon, container: str, preset: str) -> None:  # type: ignore[no-untyped-def]
+    video = moving_pattern(240, 96, 160, noise=2.0)
+    one = make_daemon(encoder_threads=2, warm_encoders=0)  # 2 threads: a single pass
+    four = make_daemon(encoder_threads=8, warm_encoders=0)  # 8 threads: two segments
+    outputs = []
+    for d in (one, four):
+        with d.client() as c:
+            outputs.append(c.encode(video, preset=preset, container=container).data)
+    single, segmented = outputs
+    got_single, _ = decode(single)
+    got, facts = decode(segmented)
+    assert len(got) == len(got_single) == 240
+    assert abs(psnr(got, video) - psnr(got_single, video)) < 0.5  # the same quality
+    assert len(segmented) <= 1.05 * len(single), (len(segmented), len(single))
+    timeline = packets(segmented)
+    assert sorted(pts for pts, _, _ in timeline) == list(range(240))  # continuous timestamps
+    dts = [d for _, d, _ in timeline]
+    assert dts == sorted(dts) and len(set(dts)) == len(dts)
+    keyframes = [pts for pts, _, key in timeline if key]
+    assert 0 in keyframes and 120 in keyframes  # each segment starts on a keyframe
+    assert facts["rate"] == 24
+
+
+def test_segments_carry_audio(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    video = moving_pattern(144, 96, 160)
+    pcm = (np.sin(np.arange(6 * 48000) / 20) * 0.3).astype(np.float32)[:, None]
+    d = make_daemon(encoder_threads=8, warm_encoders=0)
+    with d.client() as c:
+        data = c.encode(video, audio=pcm, sample_rate=48000).data
+    with av.open(io.BytesIO(data)) as container:
+        v, a = container.streams.video[0], container.streams.audio[0]
+        assert v.frames == 144
+        assert abs(float(a.duration * a.time_base) - 6.0) < 0.05
