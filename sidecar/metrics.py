@@ -10,12 +10,18 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from .errors import StartupError
-from .servicer import errors_by_code
+from .servicer import STATUS_OF, errors_by_code
 
 if TYPE_CHECKING:
     from .service import Sidecar
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+# Every gRPC code an error can end in, and every outcome an encode request can log. Their
+# series exist from the start, at 0: rate() over a series that appears only with its first
+# event shows nothing on an idle daemon, and misses that first event.
+ERROR_CODES = tuple(sorted({code.name for code in STATUS_OF.values()}))
+REQUEST_CODES = ("OK", *ERROR_CODES)
 
 
 class Metrics:
@@ -36,6 +42,8 @@ class Metrics:
             ["code"],
             registry=self.registry,
         )
+        for code in REQUEST_CODES:
+            self.requests.labels(code=code)
         self.encode_seconds = prom.Histogram(
             "video_sidecar_encode_seconds",
             "Time from an encode request to its result",
@@ -100,6 +108,7 @@ class _StateCollector:
         errors = core.CounterMetricFamily(
             "video_sidecar_errors", "Errors answered, by gRPC status code", labels=["code"]
         )
-        for code, count in sorted(errors_by_code(s.stats.errors).items()):
+        counts = dict.fromkeys(ERROR_CODES, 0) | errors_by_code(s.stats.errors)
+        for code, count in sorted(counts.items()):
             errors.add_metric([code], count)
         yield errors

@@ -41,7 +41,7 @@ from .convert import (
     stream_messages,
     stream_spec_from_proto,
 )
-from .errors import InvalidRequest, SidecarError
+from .errors import EncodeFailed, InvalidRequest, SidecarError
 from .requests import Result
 from .service import Sidecar
 from .vocabulary import ERROR_DOMAIN, ERROR_KEY, Reason
@@ -212,7 +212,8 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         events: Callable[[threading.Event], AsyncIterator[Any]],
     ) -> AsyncIterator[pb.EncodeEvent]:
         """Turn domain events into replies, and a domain error into its status, once."""
-        outcome = "OK"
+        outcome = "CANCELLED"  # ended before its result: the client went away
+        error = ""
         frames = size = 0
         # The RPC ending early (client gone, deadline passed) stops the encoder.
         stop = threading.Event()
@@ -226,31 +227,39 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         try:
             async for event in events(stop):
                 if isinstance(event, Result):
-                    frames, size = event.frames, event.size_bytes
+                    outcome, frames, size = "OK", event.frames, event.size_bytes
                 yield event_to_proto(event, self.sidecar.config.lease_ttl)
         except SidecarError as exc:
             outcome = status_of(exc).name
+            error = str(exc)
             await self._fail(context, exc)
         except asyncio.CancelledError:
             outcome = "CANCELLED"
             raise
+        except Exception as exc:  # a bug of ours: say so, as INTERNAL, never UNKNOWN
+            log.exception("encode %s failed unexpectedly", request_id)
+            outcome = "INTERNAL"
+            error = f"unexpected {type(exc).__name__}"
+            await self._fail(context, EncodeFailed(f"internal error: {error}"))
         finally:
             if deadline is not None:
                 deadline.cancel()
             seconds = time.perf_counter() - received_at
             log.info(
-                "encode request_id=%s status=%s frames=%d bytes=%d ms=%.1f",
+                "encode request_id=%s status=%s frames=%d bytes=%d ms=%.1f%s",
                 request_id,
                 outcome,
                 frames,
                 size,
                 seconds * 1e3,
+                f" error={error!r}" if error else "",
                 extra={
                     "request_id": request_id,
                     "status": outcome,
                     "frames": frames,
                     "bytes": size,
                     "ms": round(seconds * 1e3, 1),
+                    **({"error": error} if error else {}),
                 },
             )
             if self.observer is not None:

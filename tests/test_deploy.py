@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import re
+import shlex
 import shutil
 import socket
 import subprocess
 import sys
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -148,3 +152,173 @@ def test_dockerfile() -> None:
     assert "root" not in user and user.split()[1].split(":")[0] != "0"
     assert 'CMD ["video-sidecar", "health"]' in text and "HEALTHCHECK" in text
     assert 'ENTRYPOINT ["video-sidecar"]' in text
+
+
+def effective_user(spec: dict[str, Any], container: dict[str, Any]) -> int:
+    context = {**spec.get("securityContext", {}), **container.get("securityContext", {})}
+    return int(context.get("runAsUser", 0))
+
+
+@pytest.mark.parametrize("name", ["pod.yaml", "daemonset.yaml"])
+def test_host_paths_are_handed_to_the_daemon(name: str) -> None:
+    """The kubelet makes hostPaths root's (0755) and fsGroup skips them: a root init
+    container with CHOWN and FOWNER only must hand each one a non-root container mounts
+    writable to uid 10001 (tests/test_fresh_node.py runs it). emptyDirs need nothing."""
+    for doc in load_all(f"kubernetes/{name}"):
+        spec = doc["spec"]["template"]["spec"] if doc["kind"] == "DaemonSet" else doc["spec"]
+        host = {v["name"] for v in spec["volumes"] if "hostPath" in v}
+        if name == "pod.yaml":
+            assert not host, "the pod shares emptyDirs, which fsGroup covers"
+        inits = spec.get("initContainers", [])
+        for container in spec["containers"]:
+            if effective_user(spec, container) == 0:
+                continue
+            for mount in container["volumeMounts"]:
+                if mount["name"] not in host or mount.get("readOnly"):
+                    continue
+                path = mount["mountPath"]
+                preparers = [
+                    init
+                    for init in inits
+                    if effective_user(spec, init) == 0
+                    and any(m["name"] == mount["name"] for m in init["volumeMounts"])
+                    and "chown 10001:10001" in " ".join(init["command"])
+                    and path in " ".join(init["command"])
+                ]
+                assert preparers, f"nothing hands {path} to uid 10001"
+        for init in inits:
+            context = init["securityContext"]
+            assert context["capabilities"]["drop"] == ["ALL"]
+            assert set(context["capabilities"]["add"]) <= {"CHOWN", "FOWNER"}
+            assert context["allowPrivilegeEscalation"] is False
+
+
+def test_compose_volumes_start_as_the_daemons() -> None:
+    """Docker fills an empty named volume from the image, owner included: the Dockerfile
+    must hand each mount point to uid 10001, and compose must not bind host directories."""
+    (compose,) = load_all("container/compose.yaml")
+    text = (DEPLOY / "container" / "Dockerfile").read_text()
+    assert "useradd --system --uid 10001" in text
+    chown = re.search(r"chown video-sidecar:video-sidecar ([^&\n]+)", text)
+    assert chown is not None
+    for entry in compose["services"]["sidecar"]["volumes"]:
+        source, target = entry.split(":")[:2]
+        assert source in compose["volumes"], f"{source} is not a named volume"
+        assert target in chown.group(1).split(), f"the image does not chown {target}"
+
+
+# -- the systemd install commands in deploy/README.md ------------------------------------
+
+
+def unit_settings() -> dict[str, str]:
+    settings = {}
+    for line in (DEPLOY / "systemd" / "video-sidecar.service").read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not line.startswith("#"):
+            settings[key] = value
+    return settings
+
+
+def readme_section(title: str) -> str:
+    text = (DEPLOY / "README.md").read_text()
+    return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def install_commands() -> list[list[str]]:
+    (block,) = re.findall(r"```sh\n(.*?)```", readme_section("systemd"), re.S)
+    commands = []
+    for line in block.splitlines():
+        for part in line.split("&&"):
+            if words := shlex.split(part, comments=True):
+                commands.append(words)
+    return commands
+
+
+def copies(commands: list[list[str]]) -> dict[str, tuple[int, str]]:
+    """`install ... SOURCE DEST` commands: SOURCE -> (position, DEST)."""
+    found = {}
+    for index, words in enumerate(commands):
+        if words[0] == "install" and "-d" not in words:
+            operands = [w for i, w in enumerate(words[1:], 1)
+                        if not w.startswith("-") and words[i - 1] != "-m"]  # fmt: skip
+            source, dest = operands
+            found[source] = (index, dest)
+    return found
+
+
+def test_readme_installs_what_the_unit_runs() -> None:
+    """The README's commands name the unit's paths, user and name: they cannot drift."""
+    unit = unit_settings()
+    commands = install_commands()
+    position = {" ".join(words): index for index, words in enumerate(commands)}
+
+    # ExecStart is a console script of a venv the README makes and installs into.
+    program = Path(unit["ExecStart"].split()[0])
+    venv = program.parent.parent
+    made = position[f"python3 -m venv {venv}"]
+    pip = [i for i, w in enumerate(commands) if w[0].endswith("/pip") and w[1] == "install"]
+    assert pip and all(commands[i][0] == f"{venv}/bin/pip" and i > made for i in pip)
+    assert set(re.findall(r"([^\s`]+/bin/pip) install", readme_section("systemd"))) == {
+        f"{venv}/bin/pip"
+    }
+    pyproject = (DEPLOY.parent / "pyproject.toml").read_text()
+    assert f'\n{program.name} = "' in pyproject.split("[project.scripts]", 1)[1]
+
+    # The sysusers file makes the unit's user and group, before the unit starts.
+    installed = copies(commands)
+    for source in installed:
+        assert (DEPLOY.parent / source).is_file(), source
+    sysusers = "deploy/systemd/video-sidecar.sysusers"
+    at, dest = installed[sysusers]
+    assert dest.startswith("/etc/sysusers.d/") and dest.endswith(".conf")
+    made_users = position["systemd-sysusers"]
+    assert made_users > at
+    entries = [line.split()[:2] for line in (DEPLOY.parent / sysusers).read_text().splitlines()
+               if line[:1] in ("u", "g")]  # fmt: skip
+    assert ["u", unit["User"]] in entries and ["g", unit["Group"]] in entries
+
+    # The env file where EnvironmentFile reads it; the unit under its own name.
+    assert installed["deploy/systemd/video-sidecar.env"][1] == unit["EnvironmentFile"].lstrip("-")
+    unit_file = "deploy/systemd/video-sidecar.service"
+    at_unit, dest = installed[unit_file]
+    assert dest == f"/etc/systemd/system/{Path(unit_file).name}"
+    reload = position["systemctl daemon-reload"]
+    enable = position[f"systemctl enable --now {Path(unit_file).stem}"]
+    assert max(at_unit, made_users, *pip) < reload < enable
+    assert position[f"usermod -aG {unit['Group']} WORKER_USER"] > made_users
+
+    # The env file's paths lie in the directories systemd makes for the unit.
+    env = dict(
+        line.split("=", 1)
+        for line in (DEPLOY / "systemd" / "video-sidecar.env").read_text().splitlines()
+        if line.startswith("VIDEO_SIDECAR_")
+    )
+    assert env["VIDEO_SIDECAR_SOCKET"].startswith(f"/run/{unit['RuntimeDirectory']}/")
+    assert env["VIDEO_SIDECAR_OUTPUT_DIR"].startswith(f"/var/lib/{unit['StateDirectory']}/")
+
+
+# -- metrics ------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_idle_daemon_exports_every_counter_series(make_daemon: Callable[..., Daemon]) -> None:
+    """rate() needs a series before the first event: every code starts at 0."""
+    pytest.importorskip("prometheus_client")
+    from sidecar.servicer import STATUS_OF
+
+    port = free_port()
+    make_daemon(metrics=f"127.0.0.1:{port}")
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if line[:1] not in "#")
+    assert samples['video_sidecar_requests_total{code="OK"}'] == "0.0"
+    codes = {code.name for code in STATUS_OF.values()}
+    assert "CANCELLED" in codes  # the outcome of a cancelled request, logged as such
+    for code in codes:
+        assert samples[f'video_sidecar_requests_total{{code="{code}"}}'] == "0.0", code
+        assert samples[f'video_sidecar_errors_total{{code="{code}"}}'] == "0.0", code
