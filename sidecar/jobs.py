@@ -165,10 +165,18 @@ class EncodeJob:
         self._writer: ChunkWriter | None = None  # fragmented MP4 streamed back
         self._checked_out: EncoderKey | None = None  # settings taken from the warm pool
         self._fixed_threads = False
+        self._stop_error: SidecarError | None = None
 
-    def stop(self) -> None:
-        """Ask the job to stop at the next frame (or never to start)."""
+    def stop(self, error: SidecarError | None = None) -> None:
+        """Ask the job to stop at the next frame (or never to start). `error` is what its
+        client is told; by default, that it cancelled."""
+        if error is not None:
+            self._stop_error = error
         self._cancel.set()
+
+    def cancelled(self) -> SidecarError:
+        """The error a stopped job ends with."""
+        return self._stop_error or Cancelled("cancelled by the client")
 
     @property
     def stopped(self) -> bool:
@@ -199,7 +207,7 @@ class EncodeJob:
             self._consume(encoder)
             encoder.close()
             if self.stopped:  # gone while the encoder drained: keep nothing
-                raise Cancelled("cancelled by the client")
+                raise self.cancelled()
             t0 = time.perf_counter()
             if plan.target is not None:
                 if memfd is not None:  # a short clip encoded in memory: write it out
@@ -225,7 +233,7 @@ class EncodeJob:
                 # the client keeps its leases and may fix the request and retry. A client
                 # that went away gets nothing back: everything is freed below.
                 self._feed.give_back_all()
-            error = self._classify(exc)
+            error = self.cancelled() if isinstance(exc, Cancelled) else self._classify(exc)
         finally:
             self._feed.release_all()
             if self._checked_out is not None and self._warm is not None:
@@ -260,7 +268,7 @@ class EncodeJob:
         while True:
             piece = self._feed.get(self._cancel)
             if piece is None:
-                raise Cancelled("cancelled by the client")
+                raise self.cancelled()
             if isinstance(piece, End):
                 self._finish(encoder, piece, progress.done)
                 return
@@ -269,7 +277,7 @@ class EncodeJob:
     def _encode_piece(self, encoder: VideoEncoder, piece: Piece, progress: _Progress) -> None:
         for image in self._frames_of(piece):
             if self.stopped:
-                raise Cancelled("cancelled by the client")
+                raise self.cancelled()
             encoder.encode(image)
             progress.add(1)
         # Every frame of this piece is inside the encoder: its lease can go.

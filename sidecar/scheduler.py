@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from .config import cpu_count
 from .encoder import threading_for
-from .errors import Cancelled
+from .errors import SidecarError
 from .jobs import EncodeJob, EncodeOutcome
 
 
@@ -37,10 +37,6 @@ class Scheduler:
         )
         self._slots = asyncio.Semaphore(self.max_concurrent)
 
-    def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
-
     @property
     def busy(self) -> bool:
         """True while any encode is queued or running."""
@@ -55,12 +51,19 @@ class Scheduler:
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
         return task
 
-    async def cancel_all(self, timeout: float = 30.0) -> None:
-        """Stop every job and wait for their threads to let go."""
+    async def cancel_all(self, error: SidecarError, timeout: float) -> bool:
+        """Stop every job, telling its client `error`, and wait at most `timeout` seconds
+        for their threads to let go; False if some still hold on."""
         for job in list(self._jobs):
-            job.stop()
+            job.stop(error)
         if self._running:
             await asyncio.wait(set(self._running), timeout=timeout)
+        return not self._running
+
+    def close(self, wait: bool = True) -> None:
+        """Stop the thread pool; `wait=False` leaves threads that would not stop behind."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=wait, cancel_futures=True)
 
     async def _run(self, job: EncodeJob) -> EncodeOutcome:
         assert self._slots is not None
@@ -72,7 +75,7 @@ class Scheduler:
                 self.queued -= 1
                 queued_at, queue_s = 0.0, time.perf_counter() - queued_at
                 if job.stopped:
-                    raise Cancelled("cancelled while waiting for an encoder")
+                    raise job.cancelled()
                 self.active += 1
                 try:
                     return await self._run_in_thread(job, queue_s)

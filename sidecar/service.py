@@ -19,6 +19,7 @@ import logging
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,7 @@ class Sidecar:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._freed: asyncio.Event | None = None
         self._reaper: asyncio.Task[None] | None = None
+        self._working: Counter[str] = Counter()  # tokens with an encode in flight
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -101,20 +103,25 @@ class Sidecar:
         """True while any encode is queued or running."""
         return self.scheduler.busy
 
-    async def cancel_all(self) -> None:
-        """Cancel every encode still running and wait for their threads to let go."""
-        await self.scheduler.cancel_all()
+    async def cancel_all(self, timeout: float) -> bool:
+        """Stop every encode still running (its client hears that the daemon is shutting
+        down); False if some encoder thread has not let go within `timeout` seconds."""
+        stopped = ShuttingDown("the daemon is shutting down; this encode was stopped")
+        return await self.scheduler.cancel_all(stopped, timeout)
 
     async def close(self) -> None:
-        """Release everything: threads, slabs (unlinked), lock."""
+        """Release everything: threads, slabs (unlinked), lock. Encoder threads that would
+        not stop are left behind, and so are the mappings they may read: the segments are
+        unlinked all the same, and the process must then exit without waiting for them."""
         self._accepting = False
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
-        self.scheduler.close()
+        stuck = self.scheduler.busy
+        self.scheduler.close(wait=not stuck)
         self.warm.close()
-        self.slabset.close()
+        self.slabset.close(unmap=not stuck)
 
     # -- clients and leases --------------------------------------------------------------
 
@@ -135,8 +142,11 @@ class Sidecar:
         )
 
     async def lease(self, token: str, size: int, wait: float) -> Lease:
-        """Grant a lease, waiting at most `wait` seconds (capped) for room."""
-        self._check_accepting()
+        """Grant a lease, waiting at most `wait` seconds (capped) for room. While the
+        daemon drains, a client with an encode in flight may still lease (a stream's next
+        chunks), so that the encode finishes within the grace period."""
+        if token not in self._working:
+            self._check_accepting()
         self._seen(token)
         assert self._freed is not None
         deadline = time.monotonic() + max(0.0, min(wait, self.config.max_lease_wait))
@@ -251,6 +261,8 @@ class Sidecar:
         )
         runner = self.scheduler.submit(job)
         outcome: EncodeOutcome | None = None
+        token = accepted.spec.client_token
+        self._working[token] += 1
         try:
             async for event in _relay(events, runner, reader):
                 yield event
@@ -269,6 +281,9 @@ class Sidecar:
                     await asyncio.shield(runner)
             raise
         finally:
+            self._working[token] -= 1
+            if not self._working[token]:
+                del self._working[token]
             if outcome is not None:
                 outcome.close()
 

@@ -117,11 +117,13 @@ class SlabSet:
             self.instance,
         )
 
-    def close(self) -> None:
-        """Unmap and unlink every slab, then release the prefix lock."""
+    def close(self, unmap: bool = True) -> None:
+        """Unmap and unlink every slab, then release the prefix lock. `unmap=False` keeps
+        the mappings for threads that may still read them (the process is about to exit)."""
         gc.collect()  # views in reference cycles must go before the mappings can
         for slab in self.slabs:
-            slab.close()
+            if unmap:
+                slab.close()
             with contextlib.suppress(FileNotFoundError):
                 slab.path.unlink()
         self.slabs.clear()
