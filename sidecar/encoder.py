@@ -168,7 +168,9 @@ def container_options(
         # samples' timestamps, which an empty moov written before any packet has not got:
         # delay_moov holds the init segment back until the first fragment is cut, then
         # writes both together, so the first bytes still leave with the first fragment.
-        options["movflags"] = "frag_keyframe+empty_moov+default_base_moof"
+        # FFmpeg writes it only once every track has a sample: audio sent with a stream's
+        # end holds the output back until then (MSE could not play before it anyway).
+        options["movflags"] = "frag_keyframe+empty_moov+delay_moov+default_base_moof"
         options["frag_duration"] = "500000"
         options["use_editlist"] = "1"
     elif container == "mp4" and isinstance(sink, str):
