@@ -1,6 +1,9 @@
 """`python -m bench`: side-by-side benchmarks, written down with date, machine and command.
 
 python -m bench --device cpu --json out.json              # the end-to-end table
+python -m bench --device cuda --content smooth,noisy --json out.json
+python -m bench --device cuda --concurrency 8 --json out.json  # 8 threads per variant
+python -m bench --device cuda --suite node --json node.json    # a worker process per GPU
 python -m bench --device cuda --suite all --json out.json # everything, on a GPU host
 python -m bench --shapes 448x256x4,1344x768x122 --samples 5 --plot table.png
 """
@@ -13,8 +16,18 @@ import shlex
 import sys
 from typing import Any
 
-from . import suites
-from .common import SHAPES, Device, Row, git_commit, machine, read_json, write_json
+from . import node, suites
+from .common import (
+    CONTENTS,
+    PATTERNS,
+    SHAPES,
+    Device,
+    Row,
+    git_commit,
+    machine,
+    read_json,
+    write_json,
+)
 from .report import markdown, plot
 
 
@@ -29,7 +42,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--suite",
         default="e2e",
-        help="comma list of e2e, transfer, throughput, stream, memory, or 'all'",
+        help="comma list of e2e, transfer, throughput, stream, memory, node, or 'all'",
+    )
+    p.add_argument(
+        "--pattern",
+        choices=list(PATTERNS),
+        default="steady",
+        help="e2e: 'steady' sends each variant's samples back to back (a busy server); "
+        "'spaced' interleaves the variants per sample, leaving the daemon idle between them",
+    )
+    p.add_argument(
+        "--content",
+        default="smooth",
+        help="comma list of "
+        + ", ".join(f"{k} (noise {v})" for k, v in CONTENTS.items())
+        + "; each encoding suite runs once per content",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        help="e2e: threads running each variant at once, each request back to back "
+        "(each its own client for the sidecar)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="node: worker processes (default: one per visible GPU; 2 with --device cpu)",
+    )
+    p.add_argument(
+        "--max-concurrent-encodes",
+        type=int,
+        default=0,
+        help="e2e, node: the daemon's limit (default: the daemon's own default)",
     )
     p.add_argument("--shapes", default=",".join(SHAPES), help="WxHxT list for e2e")
     p.add_argument(
@@ -38,10 +84,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="e2e variants (default all): upstream_a, upstream_d, ffmpeg_pipe, "
         "sidecar, sidecar_yuv",
     )
-    p.add_argument("--samples", type=int, default=0, help="samples per variant and shape")
-    p.add_argument("--clients", type=int, default=8, help="throughput: concurrent clients")
-    p.add_argument("--requests", type=int, default=3, help="throughput: requests per client")
-    p.add_argument("--throughput-shape", default="1344x768x122")
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=0,
+        help="samples per variant and shape (per thread with --concurrency)",
+    )
+    p.add_argument(
+        "--clients",
+        type=int,
+        default=8,
+        help="throughput: concurrent clients; node: client threads per worker",
+    )
+    p.add_argument("--requests", type=int, default=3, help="throughput, node: requests per client")
+    p.add_argument("--throughput-shape", default="1344x768x122", help="throughput, node: WxHxT")
     p.add_argument("--stream-shape", default="1344x768x362")
     p.add_argument("--chunk", type=int, default=24, help="stream: frames per chunk")
     p.add_argument("--pace-ms", type=float, default=100.0, help="stream: ms between chunks")
@@ -65,41 +121,71 @@ def main(argv: list[str] | None = None) -> int:
             plot(recorded, args.plot, meta)
         return 0
     device = Device(args.device)
-    wanted = (
-        {"e2e", "transfer", "throughput", "stream", "memory"}
-        if args.suite == "all"
-        else set(args.suite.split(","))
-    )
+    known = {"e2e", "transfer", "throughput", "stream", "memory", "node"}
+    wanted = known if args.suite == "all" else set(args.suite.split(","))
+    contents = [c for c in args.content.split(",") if c]
+    if wanted - known:
+        raise SystemExit(f"--suite: unknown {', '.join(sorted(wanted - known))}")
+    if not contents or set(contents) - set(CONTENTS):
+        raise SystemExit(f"--content: a comma list of {', '.join(CONTENTS)}")
+    if args.concurrency < 1 or args.workers < 0 or args.clients < 1 or args.requests < 1:
+        raise SystemExit("--concurrency, --clients, --requests: 1 or more; --workers: 0 or more")
     sidecar_options: dict[str, Any] = {}
+    daemon_options: dict[str, Any] = {}
+    if args.max_concurrent_encodes:
+        daemon_options["max_concurrent_encodes"] = args.max_concurrent_encodes
     rows: list[Row] = []
     started = datetime.datetime.now(datetime.timezone.utc)
+
+    def add(suite: str, new: list[Row], content: str = "") -> None:
+        for r in new:
+            r.suite = r.suite or suite
+            r.content = r.content or content
+        rows.extend(new)
+
     if "e2e" in wanted:
-        rows += suites.e2e(
+        add("e2e", suites.e2e(
             device,
             [s for s in args.shapes.split(",") if s],
             [v for v in args.variants.split(",") if v] or None,
             args.samples or None,
             sidecar_options,
-        )
+            pattern=args.pattern,
+            contents=contents,
+            concurrency=args.concurrency,
+            daemon_options=daemon_options,
+        ))  # fmt: skip
     if "transfer" in wanted:
-        rows += suites.transfer(device, args.samples or None)
-    if "throughput" in wanted:
-        rows += suites.throughput(
-            device, args.clients, args.requests, args.throughput_shape, sidecar_options
-        )
-    if "stream" in wanted:
-        rows += suites.streaming(
-            device, args.stream_shape, args.chunk, args.pace_ms, args.samples or None
-        )
+        add("transfer", suites.transfer(device, args.samples or None, contents[0]), contents[0])
+    for content in contents:
+        if "throughput" in wanted:
+            add("throughput", suites.throughput(device, args.clients, args.requests,
+                args.throughput_shape, sidecar_options, content), content)  # fmt: skip
+        if "stream" in wanted:
+            add("stream", suites.streaming(device, args.stream_shape, args.chunk, args.pace_ms,
+                args.samples or None, content), content)  # fmt: skip
+    if "node" in wanted:
+        add("node", node.node(args.device, args.workers, args.clients, args.requests,
+            args.throughput_shape, contents, sidecar_options, daemon_options))  # fmt: skip
     if "memory" in wanted:
-        rows += suites.memory()
+        add("memory", suites.memory())
     meta = {
         "date": started.isoformat(timespec="seconds"),
         "command": "python -m bench " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
         "device": args.device,
         "machine": machine(),
         "commit": git_commit(),
+        "content": contents,
     }
+    if "e2e" in wanted:
+        meta["pattern"] = args.pattern
+        meta["concurrency"] = args.concurrency
+    if "node" in wanted:
+        workers, _ = node.worker_count(args.device, args.workers)
+        meta["node"] = {"workers": workers, "clients": args.clients, "requests": args.requests,
+                        "shape": args.throughput_shape}  # fmt: skip
+    if daemon_options:
+        meta["daemon_options"] = daemon_options
     text = markdown(meta, rows)
     print("\n" + text)
     if args.json:

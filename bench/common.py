@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import platform
 import statistics
@@ -25,6 +27,19 @@ RESULTS = ROOT / "bench" / "results"
 SHAPES = ["448x256x4", "672x384x4", "1344x768x1", "448x256x16", "1344x768x122", "1344x768x362"]
 
 
+# Frame content: smooth moving colour waves, optionally with per-pixel grain (in 8-bit levels)
+# that makes x264 work harder, as real generated frames do.
+CONTENTS = {"smooth": 0.0, "noisy": 4.0}
+# How e2e sends its requests.
+PATTERNS = {
+    "steady": "each variant's samples back to back, one block per variant",
+    "spaced": "variants interleaved per sample, the daemon idle between its requests",
+}
+# What runs recorded before --content and --pattern existed used.
+LEGACY_CONTENT = "mild noise (2.0)"
+LEGACY_PATTERN = "spaced"
+
+
 def parse_shape(shape: str) -> tuple[int, int, int]:
     w, h, t = (int(v) for v in shape.split("x"))
     return w, h, t
@@ -41,6 +56,8 @@ class Row:
     ratio_to_upstream_a: float | None = None
     note: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    suite: str = ""  # e2e, transfer, throughput, stream, memory, node; "" in old files
+    content: str = ""  # a key of CONTENTS; "" where it does not apply, or in old files
 
 
 def summarise(variant: str, shape: str, times_ms: list[float], **extra: Any) -> Row:
@@ -56,10 +73,11 @@ def summarise(variant: str, shape: str, times_ms: list[float], **extra: Any) -> 
 
 
 class Device:
-    """Where frames start: host memory ('cpu') or a CUDA tensor ('cuda')."""
+    """Where frames start: host memory ('cpu') or a CUDA tensor ('cuda', on GPU `index`)."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, index: int = 0) -> None:
         self.kind = kind
+        self.index = index
         self.torch: Any = None
         if kind == "cuda":
             import torch
@@ -68,18 +86,18 @@ class Device:
                 raise SystemExit("--device cuda: no CUDA device is visible")
             self.torch = torch
 
-    def video(self, shape: str, seed: int = 0) -> Any:
-        """Smooth moving content with mild noise; never zeros."""
+    def video(self, shape: str, content: str = "smooth", seed: int = 0) -> Any:
+        """Moving colour waves, with the grain that `content` names (CONTENTS); never zeros."""
         w, h, t = parse_shape(shape)
-        frames = moving_pattern(t, h, w, noise=2.0, seed=seed)
+        frames = moving_pattern(t, h, w, noise=CONTENTS[content], seed=seed)
         if self.torch is None:
             return frames
-        return self.torch.from_numpy(frames).cuda()
+        return self.torch.from_numpy(frames).to(f"cuda:{self.index}")
 
     def ready(self) -> None:
         """Wait until the frames exist (GPU-ready) before a timer starts."""
         if self.torch is not None:
-            self.torch.cuda.synchronize()
+            self.torch.cuda.synchronize(self.index)
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -141,8 +159,41 @@ def write_json(path: str | Path, meta: dict[str, Any], rows: list[Row]) -> None:
 
 
 def read_json(path: str | Path) -> tuple[dict[str, Any], list[Row]]:
+    """A recorded run. Older files lack some keys; they get the values those runs used.
+
+    A file without "rows" (e.g. the reliability record) is shown as it is: its plain
+    values as the metadata, each of its objects as one row of details.
+    """
     payload = json.loads(Path(path).read_text())
-    return payload["meta"], [Row(**row) for row in payload["rows"]]
+    if "rows" not in payload:
+        meta = {k: v for k, v in payload.items() if not isinstance(v, dict)}
+        rows = [
+            Row(variant=k, shape="-", median_ms=float(v.get("p50_ms", math.nan)),
+                min_ms=math.nan, max_ms=math.nan, samples=0, extra=v)
+            for k, v in payload.items() if isinstance(v, dict)
+        ]  # fmt: skip
+        return with_meta_defaults(meta), rows
+    rows = [_row(r) for r in payload["rows"]]
+    meta = with_meta_defaults(dict(payload.get("meta") or {}))
+    # Runs recorded before --pattern, --content and --concurrency: what they did then.
+    meta.setdefault("content", [LEGACY_CONTENT])
+    if any(r.suite == "e2e" or r.variant.startswith("upstream") for r in rows):
+        meta.setdefault("pattern", LEGACY_PATTERN)
+        meta.setdefault("concurrency", 1)
+    return meta, rows
+
+
+def _row(data: dict[str, Any]) -> Row:
+    known = {f.name for f in dataclasses.fields(Row)}
+    return Row(**{k: v for k, v in data.items() if k in known})
+
+
+def with_meta_defaults(meta: dict[str, Any]) -> dict[str, Any]:
+    """The keys every table header reads, with placeholders where a file lacks them."""
+    facts = meta.get("machine", {})
+    if not isinstance(facts, dict):  # written as a description in words
+        facts = {"description": str(facts)}
+    return {"date": "?", "command": "?", "device": "?", "commit": "", **meta, "machine": facts}
 
 
 def encode_settings() -> dict[str, Any]:

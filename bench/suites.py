@@ -9,7 +9,8 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import numpy as np
 from client import SidecarClient
 from sidecar.launcher import DaemonProcess
 
-from .common import SHAPES, Device, Row, parse_shape, summarise, timed
+from .common import PATTERNS, SHAPES, Device, Row, parse_shape, summarise, timed
 from .variants import FfmpegPipe, Sidecar, SidecarYuv, UpstreamA, UpstreamD, Variant, pyav_encode
 
 MiB = 1024 * 1024
@@ -42,11 +43,12 @@ def daemon(**options: Any) -> Iterator[DaemonProcess]:
 
 
 def pool_for(
-    frame_bytes: int, frames: int, slab: int = 128 * MiB, copies: int = 1
+    frame_bytes: int, frames: int, slab: int = 128 * MiB, copies: int = 1, clients: int = 0
 ) -> dict[str, Any]:
-    """Slabs enough for `copies` videos resident at once, with room to spare."""
+    """Slabs enough for `copies` videos resident at once, with room to spare, plus one
+    slab for the spare lease each of `clients` idle clients may hold."""
     per_slab = max(1, slab // frame_bytes)
-    slabs = copies * -(-frames // per_slab) + 2
+    slabs = copies * -(-frames // per_slab) + 2 + clients
     return {"slabs": slabs, "slab_size": f"{slab // MiB}MiB"}
 
 
@@ -78,68 +80,183 @@ def e2e(
     variants: list[str] | None,
     samples: int | None,
     sidecar_options: dict[str, Any],
+    *,
+    pattern: str = "steady",
+    contents: Sequence[str] = ("smooth",),
+    concurrency: int = 1,
+    daemon_options: dict[str, Any] | None = None,
 ) -> list[Row]:
-    """GPU-ready (or host-ready) RGB to MP4 bytes in the caller, variants interleaved."""
+    """GPU-ready (or host-ready) RGB to MP4 bytes in the caller, per request.
+
+    `pattern` "steady": all samples of one variant back to back, each request as soon as
+    the previous one answered, as a busy generation server sends them; then the next
+    variant, the order of the blocks rotated from shape to shape. "spaced": the variants
+    interleaved per sample, which leaves the daemon idle between its requests.
+    `concurrency` N: N threads run each variant at once, each sending its samples back to
+    back; for the sidecar each thread has its own client, as separate workers would.
+    """
+    if pattern not in PATTERNS:
+        raise SystemExit(f"--pattern: one of {', '.join(PATTERNS)}")
     biggest = max(shapes, key=lambda s: np.prod(parse_shape(s)))
     w, h, t = parse_shape(biggest)
+    # Room for one video per thread (one variant runs at a time) and the spare leases of
+    # all the clients, and never less than twice one video: a request may take at most half
+    # the pool at once, else it goes as a stream.
+    pool = pool_for(w * h * 3, t, copies=max(2, concurrency + 1), clients=2 * concurrency)
+    options = {**pool, **(daemon_options or {})}
     rows: list[Row] = []
-    # Each sidecar variant has its own client, as each worker process would.
-    with (
-        daemon(**pool_for(w * h * 3, t, copies=2)) as d,
-        SidecarClient(d.socket) as rgb_client,
-        SidecarClient(d.socket) as yuv_client,
-    ):
-        candidates: list[Variant] = [
-            UpstreamA(device),
-            UpstreamD(device),
-            FfmpegPipe(device),
-            Sidecar(device, rgb_client, **sidecar_options),
-            SidecarYuv(device, yuv_client, **sidecar_options),
-        ]
-        chosen = [v for v in candidates if variants is None or v.name in variants]
-        usable = [v for v in chosen if not v.available()]
-        for v in chosen:
-            if v.available():
-                print(f"skipping {v.name}: {v.available()}")
-        for shape in shapes:
-            rows += _e2e_shape(device, shape, usable, samples)
+    with daemon(**options) as d, contextlib.ExitStack() as stack:
+
+        def client() -> SidecarClient:
+            return stack.enter_context(SidecarClient(d.socket))
+
+        factories: dict[str, Callable[[], Variant]] = {
+            "upstream_a": lambda: UpstreamA(device),
+            "upstream_d": lambda: UpstreamD(device),
+            "ffmpeg_pipe": lambda: FfmpegPipe(device),
+            "sidecar": lambda: Sidecar(device, client(), **sidecar_options),
+            "sidecar_yuv": lambda: SidecarYuv(device, client(), **sidecar_options),
+        }
+        unknown = set(variants or ()) - set(factories)
+        if unknown:
+            raise SystemExit(f"--variants: unknown {', '.join(sorted(unknown))}")
+        lanes: dict[str, list[Variant]] = {}
+        for name, make in factories.items():
+            if variants is not None and name not in variants:
+                continue
+            first = make()
+            if first.available():
+                print(f"skipping {name}: {first.available()}")
+                continue
+            lanes[name] = [first] + [make() for _ in range(concurrency - 1)]
+        if not lanes:
+            raise SystemExit("e2e: no variant to run")
+        with SidecarClient(d.socket) as probe:
+            limit = probe.status().max_concurrent_encodes
+        block = 0
+        for content in contents:
+            for shape in shapes:
+                rows += _e2e_shape(device, shape, content, lanes, samples, pattern, block)
+                block += 1
+    for r in rows:
+        if r.variant.startswith("sidecar"):
+            r.extra["daemon_max_concurrent_encodes"] = limit
     return rows
 
 
+@dataclass
+class _Lanes:
+    """What one or more runs of a variant's threads measured."""
+
+    times_ms: list[float] = field(default_factory=list)
+    stages: list[dict[str, float]] = field(default_factory=list)
+    wall_s: float = 0.0
+    output: bytes = b""
+
+    def add(self, other: _Lanes) -> None:
+        self.times_ms += other.times_ms
+        self.stages += other.stages
+        self.wall_s += other.wall_s
+        self.output = other.output or self.output
+
+
+def _run_lanes(
+    runners: list[Variant], device: Device, video: Any, shape: str, count: int, warmup: int
+) -> _Lanes:
+    """Each runner on its own thread (inline when one): `warmup` requests, then, all
+    starting together, `count` requests back to back, each timed."""
+    device.ready()
+    go = threading.Barrier(len(runners)) if len(runners) > 1 else None
+    spans: list[tuple[float, float]] = []
+    out = _Lanes()
+    lock = threading.Lock()
+
+    def lane(v: Variant) -> None:
+        for _ in range(warmup):
+            v.run(video, shape)
+        if go is not None:
+            go.wait()
+        times: list[float] = []
+        stages: list[dict[str, float]] = []
+        data = b""
+        start = time.perf_counter()
+        for _ in range(count):
+            ms, data = timed(lambda: v.run(video, shape))
+            times.append(ms)
+            last = getattr(v, "last_timings", None)
+            if last is not None:
+                stages.append(last)
+        end = time.perf_counter()
+        with lock:
+            out.times_ms += times
+            out.stages += stages
+            out.output = data or out.output
+            spans.append((start, end))
+
+    if go is None:
+        lane(runners[0])
+    else:
+        errors: list[BaseException] = []
+
+        def guarded(v: Variant) -> None:
+            try:
+                lane(v)
+            except BaseException as exc:
+                errors.append(exc)
+                go.abort()
+
+        threads = [threading.Thread(target=guarded, args=(v,)) for v in runners]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        if errors:
+            raise errors[0]
+    out.wall_s = max(e for _, e in spans) - min(s for s, _ in spans)
+    return out
+
+
 def _e2e_shape(
-    device: Device, shape: str, variants: list[Variant], samples: int | None
+    device: Device,
+    shape: str,
+    content: str,
+    lanes: dict[str, list[Variant]],
+    samples: int | None,
+    pattern: str,
+    rotation: int,
 ) -> list[Row]:
     n, warmup = default_samples(shape)
     n = samples or n
-    video = device.video(shape)
-    device.ready()
-    times: dict[str, list[float]] = {v.name: [] for v in variants}
-    stages: dict[str, list[dict[str, float]]] = {v.name: [] for v in variants}
-    outputs: dict[str, bytes] = {}
-    for v in variants:
-        for _ in range(warmup):
-            v.run(video, shape)
-    for i in range(n):
-        order = variants[i % len(variants) :] + variants[: i % len(variants)]
-        for v in order:
-            device.ready()
-            ms, data = timed(lambda v=v: v.run(video, shape))  # type: ignore[misc]
-            times[v.name].append(ms)
-            outputs[v.name] = data
-            last = getattr(v, "last_timings", None)
-            if last is not None:
-                stages[v.name].append(last)
+    video = device.video(shape, content)
+    names = list(lanes)
+    results: dict[str, _Lanes] = {}
+    if pattern == "steady":
+        k = rotation % len(names)
+        for name in names[k:] + names[:k]:
+            results[name] = _run_lanes(lanes[name], device, video, shape, n, warmup)
+    else:
+        for name in names:
+            _run_lanes(lanes[name], device, video, shape, 0, warmup)
+        results = {name: _Lanes() for name in names}
+        for i in range(n):
+            for name in names[i % len(names) :] + names[: i % len(names)]:
+                results[name].add(_run_lanes(lanes[name], device, video, shape, 1, 0))
     expected = parse_shape(shape)[2]
+    concurrency = len(next(iter(lanes.values())))
     rows = []
-    for v in variants:
-        got = _decoded_frames(outputs[v.name])
-        if got != expected:
-            raise RuntimeError(f"{v.name} at {shape}: decoded {got} frames, expected {expected}")
-        row = summarise(v.name, shape, times[v.name])
-        if stages[v.name]:
+    for name in names:  # in the order asked for, whatever order they ran in
+        got = results[name]
+        frames = _decoded_frames(got.output)
+        if frames != expected:
+            raise RuntimeError(f"{name} at {shape}: decoded {frames} frames, expected {expected}")
+        row = summarise(name, shape, got.times_ms)
+        row.suite, row.content = "e2e", content
+        if concurrency > 1:
+            row.extra["concurrency"] = concurrency
+            row.extra["frames_per_s"] = round(len(got.times_ms) * expected / got.wall_s, 1)
+        if got.stages:
             row.extra["stages_median_ms"] = {
-                k: round(statistics.median(s[k] for s in stages[v.name]), 2)
-                for k in stages[v.name][0]
+                k: round(statistics.median(s[k] for s in got.stages), 2) for k in got.stages[0]
             }
         rows.append(row)
     base = next((r for r in rows if r.variant == "upstream_a"), None)
@@ -147,9 +264,10 @@ def _e2e_shape(
         if base is not None:
             r.ratio_to_upstream_a = round(r.median_ms / base.median_ms, 3)
         print(
-            f"{shape:>14} {r.variant:<12} median {r.median_ms:9.1f} ms "
+            f"{content:>6} {shape:>14} {r.variant:<12} median {r.median_ms:9.1f} ms "
             f"[{r.min_ms:.1f}-{r.max_ms:.1f}]"
-            + (f"  x{r.ratio_to_upstream_a:.2f} of upstream_a" if r.ratio_to_upstream_a else ""),
+            + (f"  x{r.ratio_to_upstream_a:.2f} of upstream_a" if r.ratio_to_upstream_a else "")
+            + (f"  {r.extra['frames_per_s']:.0f} frames/s" if "frames_per_s" in r.extra else ""),
             flush=True,
         )
     return rows
@@ -158,7 +276,7 @@ def _e2e_shape(
 # -- transfer -------------------------------------------------------------------------------
 
 
-def transfer(device: Device, samples: int | None) -> list[Row]:
+def transfer(device: Device, samples: int | None, content: str = "smooth") -> list[Row]:
     """Copy into leases vs a raw registered copy; fixed overhead per request; 4:2:0 bytes."""
     n = samples or 10
     rows: list[Row] = []
@@ -167,7 +285,7 @@ def transfer(device: Device, samples: int | None) -> list[Row]:
         client.attach()
         for shape in shapes:
             w, h, t = parse_shape(shape)
-            video = device.video(shape)
+            video = device.video(shape, content)
             nbytes = w * h * t * 3
             raw = _raw_copy_ms(device, video, nbytes, n)
             rows.append(summarise("raw_registered_copy", shape, raw, gbps=_gbps(nbytes, raw)))
@@ -181,7 +299,7 @@ def transfer(device: Device, samples: int | None) -> list[Row]:
                         ratio_to_raw=round(statistics.median(lease_ms) / statistics.median(raw), 3),
                     )
                 )  # fmt: skip
-        rows += _overhead(client, device, samples or 50)
+        rows += _overhead(client, device, samples or 50, content)
         rows += _round_trips(client)
     for r in rows:
         print(f"{r.shape:>14} {r.variant:<22} median {r.median_ms:9.3f} ms  {r.extra}", flush=True)
@@ -261,7 +379,7 @@ def _lease_copy_ms(
     return total, copies, moved
 
 
-def _overhead(client: SidecarClient, device: Device, n: int) -> list[Row]:
+def _overhead(client: SidecarClient, device: Device, n: int, content: str) -> list[Row]:
     """Fixed per-request costs of small requests, in the steady state (spare lease in hand).
 
     - transfer_overhead: getting the frames into the daemon's memory (lease + copy) beyond
@@ -272,7 +390,7 @@ def _overhead(client: SidecarClient, device: Device, n: int) -> list[Row]:
     rows = []
     for shape in ("448x256x3", "448x256x4"):
         w, h, frames = parse_shape(shape)
-        video = device.video(shape)
+        video = device.video(shape, content)
         raw = statistics.median(_raw_copy_ms(device, video, w * h * frames * 3, 20))
         device.ready()
         for _ in range(5):
@@ -314,12 +432,17 @@ def _round_trips(client: SidecarClient, n: int = 300) -> list[Row]:
 
 
 def throughput(
-    device: Device, clients: int, requests: int, shape: str, sidecar_options: dict[str, Any]
+    device: Device,
+    clients: int,
+    requests: int,
+    shape: str,
+    sidecar_options: dict[str, Any],
+    content: str = "smooth",
 ) -> list[Row]:
     """Aggregate frames/s with `clients` concurrent callers each sending `requests` videos."""
     w, h, t = parse_shape(shape)
     rows = []
-    host_video = device.video(shape)
+    host_video = device.video(shape, content)
     frames_total = clients * requests * t
 
     def pyav_defaults() -> None:
@@ -342,7 +465,7 @@ def throughput(
 
             rows.append(_concurrent(name, shape, clients, work, frames_total, go))
     for r in rows:
-        print(f"{r.shape:>14} {r.variant:<14} {r.extra['frames_per_s']:8.1f} frames/s "
+        print(f"{content:>6} {r.shape:>14} {r.variant:<14} {r.extra['frames_per_s']:8.1f} frames/s "
               f"({clients} clients)", flush=True)  # fmt: skip
     return rows
 
@@ -381,13 +504,18 @@ def _concurrent(
 
 
 def streaming(
-    device: Device, shape: str, chunk: int, pace_ms: float, samples: int | None
+    device: Device,
+    shape: str,
+    chunk: int,
+    pace_ms: float,
+    samples: int | None,
+    content: str = "smooth",
 ) -> list[Row]:
     """A producer writes `chunk`-frame chunks every `pace_ms`; time from the last write to
     the complete video in the caller, next to encoding the whole video at once."""
     w, h, t = parse_shape(shape)
     n = samples or 3
-    video = device.video(shape)
+    video = device.video(shape, content)
     rows = []
     with daemon(**pool_for(w * h * 3, t)) as d, SidecarClient(d.socket) as client:
         whole = []
