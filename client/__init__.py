@@ -8,8 +8,24 @@ with SidecarClient() as sidecar:
     print(result.path, result.timings.total_ms)
 ```
 
+`AsyncSidecarClient` has the same methods, awaited. Errors carry `code` (a
+`grpc.StatusCode`) and `reason` (a `Reason`, the daemon's documented reason code, e.g.
+`Reason.DISK_FULL`); `_errors` shows the tree.
+
+Design: the client is written once, as an I/O-free core under two thin drivers. Every
+operation (attach and re-attach after a daemon restart, leases and the spare lease,
+planning, the encode, a stream's writes, close and cancel, fork awareness, error mapping)
+is a generator of steps in the core (`_core`, `_encode`, `_stream`); it yields what it
+needs done (an RPC, a copy, a lock, an action on a stream call) and gets the result back
+(`_steps`). `SidecarClient` (`_sync`) performs each step blocking, `AsyncSidecarClient`
+(`_async`) awaits it; each holds only its channel and how it performs a step. The public
+methods with many parameters are defined once for both (`_api`), their parameter set once
+(`_options.EncodeOptions`). `_api`'s docstring says why this and not a generated sync twin.
+
 This package never imports av. It imports torch only when handed a tensor.
 """
+
+from sidecar.vocabulary import Reason
 
 from ._async import AsyncSidecarClient
 from ._errors import (
@@ -45,6 +61,7 @@ __all__ = [
     "Lease",
     "NotFound",
     "OutOfRange",
+    "Reason",
     "RequestError",
     "ResourceExhausted",
     "ServerError",

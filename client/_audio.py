@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from sidecar.api.v1 import sidecar_pb2 as pb
+from sidecar.vocabulary import SAMPLE_FORMATS
 
 from ._errors import InvalidArgument
 from ._video import is_torch_tensor
 
 INLINE_PIECE = 3 * 1024 * 1024  # inline audio travels in pieces well under 4 MiB
+SAMPLE_FORMAT_OF = {"i": "s16", "f": "f32"}  # by dtype kind: int16 or float32, as prepared
 
 
 @dataclass(frozen=True)
@@ -31,7 +33,7 @@ class Pcm:
         return int(self.data.nbytes)
 
     def spec(self) -> pb.AudioSpec:
-        fmt = pb.SAMPLE_FORMAT_S16 if self.data.dtype == np.int16 else pb.SAMPLE_FORMAT_F32
+        fmt = cast("pb.SampleFormat", SAMPLE_FORMATS[SAMPLE_FORMAT_OF[self.data.dtype.kind]])
         return pb.AudioSpec(sample_rate=self.sample_rate, channels=self.channels, sample_format=fmt)
 
     def inline_pieces(self) -> list[pb.AudioData]:

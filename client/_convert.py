@@ -10,9 +10,11 @@ batch of frames at a time, so a large bf16 video never has a full float32 copy.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
+
+from sidecar.vocabulary import PIXEL_FORMATS
 
 from ._errors import InvalidVideo
 
@@ -32,8 +34,8 @@ def dtype_name(array: Any) -> str:
     return str(array.dtype).removeprefix("torch.")
 
 
-def frames_view(array: Any, layout: str | None) -> tuple[Any, str]:
-    """A (T, H, W, C) view of `array` (no copy), and the layout it was read as."""
+def frames_view(array: Any, layout: str | None) -> Any:
+    """A (T, H, W, C) view of `array` (no copy)."""
     shape = tuple(array.shape)
     if layout is None:
         layout = guess_layout(shape)
@@ -55,7 +57,7 @@ def frames_view(array: Any, layout: str | None) -> tuple[Any, str]:
         )
     if min(view.shape) < 1:
         raise InvalidVideo(f"shape {shape}: empty video")
-    return view, layout
+    return view
 
 
 def guess_layout(shape: tuple[int, ...]) -> str:
@@ -157,7 +159,7 @@ class Conversion:
 
     @property
     def yuv(self) -> bool:
-        return self.pixel_format in ("yuv420p", "nv12")
+        return is_planar420(self.pixel_format)
 
     def apply(self, batch: Any, ops: Ops) -> Any:
         if self.yuv:
@@ -168,11 +170,19 @@ class Conversion:
         return ops.to_uint8(to_rgb_levels(batch, ops, self.scale, self.offset, False))
 
 
+def is_planar420(pixel_format: str | None) -> TypeGuard[str]:
+    known = PIXEL_FORMATS.get(pixel_format or "")
+    return known is not None and known.planar420
+
+
 def wire_format(channels: int, pixel_format: str | None) -> str:
-    """The wire pixel format for frames with `channels` channels."""
+    """The wire pixel format for frames with `channels` channels: the format given, if
+    such frames can be sent as it (3 channels also as bgr24, or converted to 4:2:0), else
+    the one they are (gray, rgb24 or rgba)."""
     natural = {1: "gray", 3: "rgb24", 4: "rgba"}[channels]
     if pixel_format is None or pixel_format == natural:
         return natural
-    if channels == 3 and pixel_format in ("bgr24", "yuv420p", "nv12"):
+    fmt = PIXEL_FORMATS[pixel_format]
+    if channels == 3 and (fmt.planar420 or fmt.channels == 3):
         return pixel_format
     raise InvalidVideo(f"{channels}-channel frames cannot be sent as {pixel_format!r}")

@@ -1,51 +1,75 @@
-"""The I/O-free core both clients share: targets, planning, requests, results, errors.
+"""The client's I/O-free core: one session with a daemon, written once for both twins.
 
-Nothing here talks to the network or touches shared memory; `SidecarClient` and
-`AsyncSidecarClient` do the I/O around it.
+`ClientCore` holds the state (the attachment, slab mappings, CUDA state, the spare
+lease) and the logic of the calls as `Steps` (see `_steps`): attach, re-attach after a
+daemon restart, leases and the spare lease, fork awareness, inspection, closing. It never
+touches the network; `SidecarClient` and `AsyncSidecarClient` perform its ops.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import logging
 import os
-import secrets
-from collections.abc import Callable, Mapping
-from fractions import Fraction
-from typing import Any
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
-import grpc
-from google.protobuf.json_format import MessageToDict
+from grpc_health.v1 import health_pb2
+from grpc_health.v1.health_pb2_grpc import HealthStub
 
 from sidecar.api.v1 import sidecar_pb2 as pb
+from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.config import default_socket
+from sidecar.vocabulary import MAX_MESSAGE_BYTES, Reason
 
-from ._errors import (
-    InvalidArgument,
-    ServerError,
-    SidecarError,
-    error_for,
-)
-from ._slabs import SlabInfo
-from ._types import Attachment, EncodeResult, FrameRange, Status, Timings
+from ._audio import Pcm
+from ._convert import Conversion
+from ._cuda import CudaHost, CudaVideo
+from ._errors import InvalidArgument, NotFound, SidecarError, SidecarUnavailable
+from ._options import VideoFormat
+from ._results import attachment_from_proto, status_from_proto
+from ._slabs import SlabMap
+from ._steps import Call, Exclusive, Steps, Work
+from ._types import Attachment, Lease, Status
+from ._video import VideoSource, prepare_video
 
-ERROR_KEY = "video-sidecar-error"
-NOT_ATTACHED = "NotAttached"
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+TRANSPORTS = ("auto", "shm", "inline")
+# Host copies larger than this run on a worker thread in the async client, so that its
+# event loop keeps turning; smaller ones are not worth the hop.
+THREAD_COPY_BYTES = 4 * 1024 * 1024
 CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", 8 * 1024 * 1024),
-    ("grpc.max_send_message_length", 8 * 1024 * 1024),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     # A local daemon that restarts should be found again within a fraction of a second.
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 
-PIXEL_FORMAT_ENUM = {
-    "rgb24": pb.PIXEL_FORMAT_RGB24,
-    "bgr24": pb.PIXEL_FORMAT_BGR24,
-    "rgba": pb.PIXEL_FORMAT_RGBA,
-    "gray": pb.PIXEL_FORMAT_GRAY,
-    "yuv420p": pb.PIXEL_FORMAT_YUV420P,
-    "nv12": pb.PIXEL_FORMAT_NV12,
-}
+
+class _Forks:
+    """How many forks this process is a child of, counted as they happen: a fork check
+    that costs no system call (`os.getpid` does), made before every call."""
+
+    generation = 0
+
+    @classmethod
+    def after_fork_in_child(cls) -> None:
+        cls.generation += 1
+
+
+os.register_at_fork(after_in_child=_Forks.after_fork_in_child)
+
+
+def fork_generation() -> int:
+    """Changes in a child after fork: anything made before belongs to the parent."""
+    return _Forks.generation
 
 
 def resolve_target(target: str | None) -> str:
@@ -61,35 +85,21 @@ def resolve_target(target: str | None) -> str:
     return target
 
 
-def fps_rational(fps: float | int | Fraction | tuple[int, int]) -> pb.Rational:
-    if isinstance(fps, tuple):
-        num, den = fps
+def open_channel(api: Any, target: str, credentials: Any) -> tuple[Any, dict[str, Any]]:
+    """A channel from `grpc` or `grpc.aio` (the same calls) with the client's options, and
+    its stubs by `Call.service`."""
+    if credentials is not None:  # TCP with TLS
+        channel = api.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
     else:
-        rate = Fraction(fps).limit_denominator(1001 * 1000)
-        num, den = rate.numerator, rate.denominator
-    return pb.Rational(num=num, den=den)
+        channel = api.insecure_channel(target, options=CHANNEL_OPTIONS)
+    sidecar = pb_grpc.VideoSidecarStub(channel)  # type: ignore[no-untyped-call]
+    return channel, {"sidecar": sidecar, "health": HealthStub(channel)}
 
 
-def new_request_id() -> str:
-    return secrets.token_hex(8)
-
-
-def attachment_from_proto(resp: pb.AttachResponse) -> Attachment:
-    lim = resp.limits
-    return Attachment(
-        client_token=resp.client_token,
-        instance_id=resp.instance_id,
-        shm_dir=resp.shm_dir,
-        slabs=tuple(SlabInfo(s.id, s.shm_name, s.size) for s in resp.slabs),
-        max_lease_bytes=lim.max_lease_bytes,
-        alignment=lim.alignment or 1,
-        max_frames=lim.max_frames,
-        max_width=lim.max_width,
-        max_height=lim.max_height,
-        lease_ttl=lim.lease_ttl_ms / 1e3,
-        max_lease_wait=lim.max_lease_wait_ms / 1e3,
-        server_version=resp.server_version,
-    )
+def copy_step(source: VideoSource, region: Any, first: int, count: int) -> Work:
+    """Copying frames [first, first+count) of `source` to the start of `region`."""
+    copy = functools.partial(source.copy_into, region, first, count)
+    return Work(copy, long=count * source.frame_bytes >= THREAD_COPY_BYTES)
 
 
 def plan_ranges(frames: int, frame_bytes: int, att: Attachment) -> list[tuple[int, int]]:
@@ -107,210 +117,217 @@ def fits_in_pool(ranges: list[tuple[int, int]], frame_bytes: int, att: Attachmen
     """Whether every range can be leased at once; if not, the video goes as a stream,
     each range's lease freed as its frames are encoded."""
     largest = max(count for _, count in ranges) * frame_bytes
-    room = sum(s.size // _aligned(largest, att.alignment) for s in att.slabs)
+    aligned = (largest + att.alignment - 1) // att.alignment * att.alignment
+    room = sum(s.size // aligned for s in att.slabs)
     # Leave room for others: a single request takes at most half the pool at once.
     return len(ranges) <= max(1, room // 2)
 
 
-def _aligned(n: int, alignment: int) -> int:
-    return (n + alignment - 1) // alignment * alignment
+class ClientCore:
+    """Target, attachment, slab mappings, CUDA state, the spare lease, fork detection."""
 
+    def __init__(
+        self,
+        target: str | None,
+        *,
+        client_name: str,
+        timeout: float | None,
+        lease_wait: float,
+        transport: str,
+    ) -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport {transport!r}: use {', '.join(TRANSPORTS)}")
+        self.transport = transport
+        self.inline = transport == "inline"  # frames travel inside gRPC messages
+        self.target = resolve_target(target)
+        self.client_name = client_name or f"pid-{os.getpid()}"
+        self.timeout = timeout
+        self.lease_wait = lease_wait
+        self.slabs = SlabMap()
+        self.cuda: CudaHost | None = None
+        self.attachment: Attachment | None = None
+        self._generation = fork_generation()
+        # A lease the daemon granted with the last result, for the next request: in the
+        # steady state a request then costs one round trip instead of two. The time is
+        # from before it was asked for.
+        self._spare: tuple[Lease, float] | None = None
+        self._spare_lock = threading.Lock()
 
-def encode_request(
-    *,
-    token: str,
-    request_id: str,
-    width: int,
-    height: int,
-    pixel_format: str,
-    fps: Any,
-    ranges: list[FrameRange],
-    path: str | None,
-    overwrite: bool,
-    codec: str,
-    crf: int | None,
-    preset: str | None,
-    gop: int | None,
-    threads: int,
-    extra: Mapping[str, Any] | None,
-    next_lease_bytes: int = 0,
-    container: str = "mp4",
-    audio: pb.AudioSpec | None = None,
-    audio_data: list[pb.AudioData] | None = None,
-) -> pb.EncodeRequest:
-    options = codec_options(codec, crf, preset, gop, threads, extra)
-    output = output_spec(path, overwrite, container)
-    return pb.EncodeRequest(
-        client_token=token,
-        request_id=request_id,
-        video=pb.VideoDescriptor(
-            width=width,
-            height=height,
-            pixel_format=PIXEL_FORMAT_ENUM.get(pixel_format, pb.PIXEL_FORMAT_UNSPECIFIED),
-            fps=fps_rational(fps),
-            ranges=[
-                pb.FrameRange(
-                    lease_id=r.lease_id,
-                    offset=r.offset,
-                    frame_count=r.frame_count,
-                    row_stride=r.row_stride,
-                    frame_stride=r.frame_stride,
-                )
-                for r in ranges
-            ],
-        ),
-        codec=options,
-        output=output,
-        next_lease_bytes=next_lease_bytes,
-        audio=audio,
-        audio_data=audio_data or [],
-    )
+    @property
+    def unary_timeout(self) -> float:
+        return self.timeout or 10.0
 
+    # -- fork awareness ------------------------------------------------------------------
 
-CONTAINER_ENUM = {
-    "mp4": pb.CONTAINER_MP4,
-    "fmp4": pb.CONTAINER_FRAGMENTED_MP4,
-    "webm": pb.CONTAINER_WEBM,
-}
+    def forked(self) -> bool:
+        """True once in a child after fork: the parent's token and spare lease are not
+        this process's to use or give back. The child keeps the inherited slab mappings
+        (they stay valid); `CudaHost` forgets the CUDA registrations on its own."""
+        if self._generation == fork_generation():
+            return False
+        self._generation = fork_generation()
+        self.attachment = None
+        self._spare = None
+        return True
 
+    # -- attach --------------------------------------------------------------------------
 
-def codec_options(
-    codec: str,
-    crf: int | None,
-    preset: str | None,
-    gop: int | None,
-    threads: int,
-    extra: Mapping[str, Any] | None,
-) -> pb.CodecOptions:
-    options = pb.CodecOptions(
-        codec=codec,
-        preset=preset or "",
-        threads=threads,
-        extra={str(k): str(v) for k, v in (extra or {}).items()},
-    )
-    if crf is not None:
-        options.crf = crf
-    if gop is not None:
-        options.gop = gop
-    return options
+    def attach(self, *, refresh: bool = False) -> Steps[Attachment]:
+        """Attach (once) and map the daemon's slabs; `refresh` attaches anew."""
+        self.forked()
+        if self.attachment is not None and not refresh:
+            return self.attachment
+        stale = self.attachment if refresh else None
+        attachment: Attachment = yield Exclusive(self._attach(stale))
+        return attachment
 
+    def _attach(self, stale: Attachment | None) -> Steps[Attachment]:
+        # Under the lock. One that another call made meanwhile will do, unless stale.
+        if self.attachment is not None and self.attachment is not stale:
+            return self.attachment
+        request = pb.AttachRequest(client_name=self.client_name, pid=os.getpid())
+        resp = yield Call("Attach", request, self.unary_timeout)
+        attachment = attachment_from_proto(resp)
+        if self.transport != "inline":
+            try:
+                self.slabs.map(attachment.instance_id, attachment.shm_dir, list(attachment.slabs))
+            except SidecarUnavailable:
+                if self.transport == "shm":
+                    raise
+                # Not on the daemon's host (or not in its IPC namespace): send frames inline.
+                log.info("shared memory out of reach, sending frames inline: %s", self.target)
+                self.inline = True
+        self.attachment = attachment
+        self._spare = None  # leases belong to the old token
+        return attachment
 
-def output_spec(path: str | None, overwrite: bool, container: str) -> pb.OutputSpec:
-    if container not in CONTAINER_ENUM:
-        raise InvalidArgument(f"container {container!r}: use mp4, fmp4 or webm")
-    if path is not None:
-        return pb.OutputSpec(
-            file=pb.FileOutput(path=path, overwrite=overwrite), container=CONTAINER_ENUM[container]
+    def reattached(self, steps: Callable[[], Steps[T]]) -> Steps[T]:
+        """Run `steps`, once more after attaching again if the daemon no longer knows our
+        token (it restarted). Calls that fail together attach anew once."""
+        used = self.attachment
+        try:
+            return (yield from steps())
+        except SidecarError as err:
+            if err.reason is not Reason.NOT_ATTACHED:
+                raise
+        stale = used if used is not None else self.attachment
+        yield Exclusive(self._attach(stale))
+        return (yield from steps())
+
+    # -- leases --------------------------------------------------------------------------
+
+    def lease(self, nbytes: int, wait: float | None = None) -> Steps[Lease]:
+        return (yield from self.reattached(lambda: self._lease(nbytes, wait)))
+
+    def _lease(self, nbytes: int, wait: float | None) -> Steps[Lease]:
+        att = yield from self.attach()
+        wait_s = self.lease_wait if wait is None else wait
+        request = pb.LeaseRequest(
+            client_token=att.client_token, size=nbytes, wait_ms=int(wait_s * 1e3)
         )
-    return pb.OutputSpec(bytes=pb.BytesOutput(), container=CONTAINER_ENUM[container])
+        resp = yield Call("Lease", request, wait_s + self.unary_timeout)
+        return self.leased(resp)
 
+    def leased(self, resp: pb.LeaseResponse) -> Lease:
+        region = self.slabs.region(resp.slab_id, resp.offset, resp.size)
+        return Lease(resp.lease_id, resp.slab_id, resp.offset, resp.size, region)
 
-class ResultBuilder:
-    """Consumes an Encode reply stream; `result()` assembles the EncodeResult."""
+    def release(self, lease: Lease | str) -> Steps[None]:
+        """Give a lease back; one the daemon already freed is not an error."""
+        lease_id = lease if isinstance(lease, str) else lease.id
+        att = yield from self.attach()
+        request = pb.ReleaseRequest(client_token=att.client_token, lease_id=lease_id)
+        with contextlib.suppress(NotFound):
+            yield Call("Release", request, self.unary_timeout)
 
-    def __init__(self, on_progress: Callable[[int, int], None] | None = None) -> None:
-        self._on_progress = on_progress
-        self._chunks: list[bytes] = []
-        self._received = 0
-        self._result: pb.EncodeResult | None = None
-        self.next_lease: pb.LeaseResponse | None = None
+    def give_back(self, leases: Iterable[Lease | str]) -> Steps[None]:
+        """Release each lease, as cleanup: a failure to do so is not the caller's error."""
+        for lease in leases:
+            with contextlib.suppress(SidecarError):
+                yield from self.release(lease)
 
-    def feed(self, event: pb.EncodeEvent) -> bytes | None:
-        """Take one reply; returns the bytes of an output chunk, if it was one."""
-        kind = event.WhichOneof("event")
-        if kind == "progress":
-            if self._on_progress is not None:
-                self._on_progress(event.progress.frames_done, event.progress.frames_total)
-        elif kind == "chunk":
-            if event.chunk.offset != self._received:
-                raise ServerError(
-                    f"output chunk at {event.chunk.offset}, expected {self._received}"
-                )
-            self._chunks.append(event.chunk.data)
-            self._received += len(event.chunk.data)
-            return event.chunk.data
-        elif kind == "result":
-            self._result = event.result
-            if event.result.HasField("next_lease"):
-                self.next_lease = event.result.next_lease
-            if self._on_progress is not None:
-                self._on_progress(event.result.frames, event.result.frames)
-        return None
+    def lease_for(self, nbytes: int, use_spare: bool) -> Steps[Lease]:
+        """The spare lease when it is fresh and large enough, else a new one."""
+        spare, stale = self._take_spare(nbytes) if use_spare else (None, None)
+        if stale is not None:
+            yield from self.give_back([stale])
+        if spare is not None:
+            return spare
+        return (yield from self.lease(nbytes))
 
-    def result(self, client: dict[str, float]) -> EncodeResult:
-        r = self._result
-        if r is None:
-            raise ServerError("the daemon ended the encode without a result")
-        data = b"".join(self._chunks) if not r.path else None
-        if data is not None and len(data) != r.size_bytes:
-            raise ServerError(f"received {len(data)} bytes, the daemon reported {r.size_bytes}")
-        t = r.timings
-        timings = Timings(
-            lease_ms=client.get("lease_ms", 0.0),
-            copy_ms=client.get("copy_ms", 0.0),
-            queue_ms=t.queue_ms,
-            validate_ms=t.validate_ms,
-            open_ms=t.open_ms,
-            convert_ms=t.convert_ms,
-            encode_ms=t.encode_ms,
-            mux_ms=t.mux_ms,
-            finalize_ms=t.finalize_ms,
-            daemon_ms=t.total_ms,
-            transfer_ms=client.get("transfer_ms", 0.0),
-            total_ms=client.get("total_ms", 0.0),
-        )
-        return EncodeResult(
-            data=data,
-            path=r.path or None,
-            frames=r.frames,
-            duration=r.duration_s,
-            width=r.width,
-            height=r.height,
-            codec=r.codec,
-            container=r.container,
-            size_bytes=r.size_bytes,
-            request_id=r.request_id,
-            timings=timings,
-            audio_samples=r.audio_samples,
+    def _take_spare(self, nbytes: int) -> tuple[Lease | None, Lease | None]:
+        """(a spare lease to use for `nbytes`, or None; a spare to give back, or None).
+
+        A spare is used only while it is surely alive: well within its TTL, counted from
+        before it was granted. Writing into an expired lease could overwrite frames that
+        another client now owns.
+        """
+        with self._spare_lock:
+            spare, self._spare = self._spare, None
+        if spare is None:
+            return None, None
+        lease, granted_before = spare
+        att = self.attachment
+        fresh = att is not None and time.monotonic() - granted_before < att.lease_ttl / 2
+        if fresh and lease.size >= nbytes:
+            return lease, None
+        return None, lease if fresh else None
+
+    def keep_spare(self, lease: pb.LeaseResponse | None, asked_at: float) -> Steps[None]:
+        """Keep the newest spare; one it displaces (concurrent requests) goes back."""
+        if lease is None or not lease.lease_id:
+            return
+        with self._spare_lock:
+            displaced, self._spare = self._spare, (self.leased(lease), asked_at)
+        if displaced is not None:
+            yield from self.give_back([displaced[0]])
+
+    # -- videos and audio ----------------------------------------------------------------
+
+    def prepare(self, video: Any, fmt: VideoFormat) -> VideoSource:
+        return prepare_video(
+            video,
+            pixel_format=fmt.pixel_format,
+            layout=fmt.layout,
+            value_range=fmt.value_range,
+            cuda=self._cuda_video,
         )
 
+    def _cuda_video(self, view: Any, conversion: Conversion) -> CudaVideo:
+        if self.cuda is None:
+            self.cuda = CudaHost(self.slabs)
+            self.slabs.before_unmap = self.cuda.unregister
+        return self.cuda.video(view, conversion)
 
-def status_from_proto(resp: pb.StatusResponse) -> Status:
-    def as_dict(message: Any) -> dict[str, Any]:
-        return MessageToDict(  # type: ignore[no-any-return]
-            message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-        )
+    @property
+    def cuda_registrations(self) -> int:
+        return self.cuda.registered_slabs() if self.cuda is not None else 0
 
-    counters = as_dict(resp.counters)
-    counters = {
-        k: (int(v) if isinstance(v, str) and v.isdigit() else v) for k, v in counters.items()
-    }
-    counters["errors"] = {k: int(v) for k, v in resp.counters.errors.items()}
-    return Status(
-        server_version=resp.server_version,
-        instance_id=resp.instance_id,
-        uptime_s=resp.uptime_s,
-        pool={k: int(v) for k, v in as_dict(resp.pool).items()},
-        active_encodes=resp.active_encodes,
-        queued_encodes=resp.queued_encodes,
-        max_concurrent_encodes=resp.max_concurrent_encodes,
-        clients=resp.clients,
-        counters=counters,
-    )
+    def audio_data(self, pcm: Pcm, keep: Callable[[Lease], object]) -> Steps[list[pb.AudioData]]:
+        """The audio track as it travels: inline pieces, or one lease (handed to `keep`)."""
+        if self.inline:
+            return pcm.inline_pieces()
+        lease = yield from self.lease(pcm.nbytes)
+        keep(lease)
+        lease.array[: pcm.nbytes] = pcm.data.reshape(-1).view("u1")
+        return [pb.AudioData(range=pb.AudioRange(lease_id=lease.id, offset=0, size=pcm.nbytes))]
 
+    # -- inspection and closing ----------------------------------------------------------
 
-def error_from_rpc(err: grpc.RpcError) -> SidecarError:
-    """Translate a gRPC error into the client's exception tree."""
-    code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
-    details = (err.details() if hasattr(err, "details") else None) or str(err)
-    reason = ""
-    trailing = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
-    for key, value in trailing or ():
-        if key == ERROR_KEY:
-            reason = value if isinstance(value, str) else value.decode()
-    name = code.name if isinstance(code, grpc.StatusCode) else str(code)
-    return error_for(name, details, reason)
+    def status(self) -> Steps[Status]:
+        resp = yield Call("Status", pb.StatusRequest(), self.unary_timeout)
+        return status_from_proto(resp)
 
+    def health(self, service: str) -> Steps[str]:
+        request = health_pb2.HealthCheckRequest(service=service)
+        resp = yield Call("Check", request, self.timeout or 5.0, service="health")
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
 
-def is_not_attached(err: SidecarError) -> bool:
-    return err.reason == NOT_ATTACHED
+    def close(self) -> Steps[None]:
+        """Give the spare lease back (never the parent's, in a child after fork), unmap."""
+        self.forked()
+        with self._spare_lock:
+            spare, self._spare = self._spare, None
+        if spare is not None:
+            yield from self.give_back([spare[0]])
+        self.slabs.close()

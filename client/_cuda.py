@@ -46,11 +46,11 @@ class CudaRuntime:
             except ImportError:
                 rt = None
         if rt is not None:
-            self._rt, self.backend = rt, "cuda-python"
+            self._rt = rt
         else:
             import torch
 
-            self._rt, self.backend = torch.cuda.cudart(), "torch"
+            self._rt = torch.cuda.cudart()
 
     @staticmethod
     def _code(result: Any) -> int:
@@ -195,7 +195,6 @@ class CudaVideo:
         self._identity = conversion.integer and not conversion.yuv
         scratch = self.height * self.width * channels * 4
         self._batch = max(1, GPU_BATCH_BYTES // scratch)
-        self.registered_all = True
 
     @property
     def frame_bytes(self) -> int:
@@ -203,7 +202,7 @@ class CudaVideo:
 
     def copy_into(self, region: np.ndarray, start: int, count: int) -> None:
         torch = self._torch
-        self.registered_all &= self.host.ensure_registered(region)
+        self.host.ensure_registered(region)  # else pageable: slower, still correct
         shape = frame_shape(self.pixel_format, self.width, self.height)
         dst = torch.from_numpy(region[: count * self.frame_bytes]).view(count, *shape)
         step = count if self._identity else self._batch

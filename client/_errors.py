@@ -15,19 +15,29 @@
     ├── Cancelled                   CANCELLED
     └── ServerError                 INTERNAL, UNKNOWN, ...: a daemon-side failure
 
-Every error carries `code` (the gRPC status name) and `reason` (the daemon's own error
-class, e.g. "PoolExhausted", "DiskFull") when the daemon sent one.
+Every error carries `code`, a `grpc.StatusCode` (the kind of failure), and `reason`, a
+`Reason` (which failure: `Reason.DISK_FULL`, `Reason.LEASE_NOT_FOUND`, ...) as the daemon
+documents it in `ErrorReason` (proto/video_sidecar/v1/sidecar.proto). `reason` is None for
+errors raised in the client itself, and for a reason newer than this client: go by `code`
+then. `Reason` is a `str` enum, so `err.reason == "DISK_FULL"` works too.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import grpc
+
+from sidecar.vocabulary import ERROR_KEY, Reason
 
 
 class SidecarError(Exception):
     """Base class of everything the client raises on purpose."""
 
-    code: str = "UNKNOWN"
+    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
 
-    def __init__(self, message: str, *, reason: str = "") -> None:
+    def __init__(self, message: str, *, reason: Reason | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.reason = reason
@@ -38,11 +48,11 @@ class TransportError(SidecarError):
 
 
 class SidecarUnavailable(TransportError):
-    code = "UNAVAILABLE"
+    code = grpc.StatusCode.UNAVAILABLE
 
 
 class DeadlineExceeded(TransportError):
-    code = "DEADLINE_EXCEEDED"
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
 
 
 class RequestError(SidecarError):
@@ -50,7 +60,7 @@ class RequestError(SidecarError):
 
 
 class InvalidArgument(RequestError):
-    code = "INVALID_ARGUMENT"
+    code = grpc.StatusCode.INVALID_ARGUMENT
 
 
 class InvalidVideo(InvalidArgument):
@@ -58,49 +68,77 @@ class InvalidVideo(InvalidArgument):
 
 
 class NotFound(RequestError):
-    code = "NOT_FOUND"
+    code = grpc.StatusCode.NOT_FOUND
 
 
 class AlreadyExists(RequestError):
-    code = "ALREADY_EXISTS"
+    code = grpc.StatusCode.ALREADY_EXISTS
 
 
 class OutOfRange(RequestError):
-    code = "OUT_OF_RANGE"
+    code = grpc.StatusCode.OUT_OF_RANGE
 
 
 class FailedPrecondition(RequestError):
-    code = "FAILED_PRECONDITION"
+    code = grpc.StatusCode.FAILED_PRECONDITION
 
 
 class ResourceExhausted(RequestError):
-    code = "RESOURCE_EXHAUSTED"
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 class Cancelled(SidecarError):
-    code = "CANCELLED"
+    code = grpc.StatusCode.CANCELLED
 
 
 class ServerError(SidecarError):
-    code = "INTERNAL"
+    """A daemon-side failure; `code` is the status the daemon sent (INTERNAL, UNKNOWN...)."""
+
+    code = grpc.StatusCode.INTERNAL
 
 
-ERROR_FOR_CODE: dict[str, type[SidecarError]] = {
-    "UNAVAILABLE": SidecarUnavailable,
-    "DEADLINE_EXCEEDED": DeadlineExceeded,
-    "INVALID_ARGUMENT": InvalidArgument,
-    "NOT_FOUND": NotFound,
-    "ALREADY_EXISTS": AlreadyExists,
-    "OUT_OF_RANGE": OutOfRange,
-    "FAILED_PRECONDITION": FailedPrecondition,
-    "RESOURCE_EXHAUSTED": ResourceExhausted,
-    "CANCELLED": Cancelled,
+ERROR_FOR_CODE: dict[grpc.StatusCode, type[SidecarError]] = {
+    cls.code: cls
+    for cls in (
+        SidecarUnavailable,
+        DeadlineExceeded,
+        InvalidArgument,
+        NotFound,
+        AlreadyExists,
+        OutOfRange,
+        FailedPrecondition,
+        ResourceExhausted,
+        Cancelled,
+    )
 }
 
 
-def error_for(code: str, message: str, reason: str = "") -> SidecarError:
+def error_for(code: grpc.StatusCode, message: str, reason: Reason | None = None) -> SidecarError:
+    """The exception for a status code; unknown codes become a `ServerError` keeping it."""
     cls = ERROR_FOR_CODE.get(code, ServerError)
     err = cls(message, reason=reason)
     if cls is ServerError:
         err.code = code
     return err
+
+
+def reason_in(trailing: Iterable[tuple[str, Any]] | None) -> Reason | None:
+    """The daemon's reason from trailing metadata; None if absent or unknown here."""
+    for key, value in trailing or ():
+        if key == ERROR_KEY:
+            text = value if isinstance(value, str) else bytes(value).decode(errors="replace")
+            try:
+                return Reason(text)
+            except ValueError:
+                return None
+    return None
+
+
+def error_from_rpc(err: grpc.RpcError) -> SidecarError:
+    """Translate a gRPC error (a failed call of either stack) into the client's tree."""
+    code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+    if not isinstance(code, grpc.StatusCode):
+        code = grpc.StatusCode.UNKNOWN
+    details = (err.details() if hasattr(err, "details") else None) or str(err)
+    trailing = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
+    return error_for(code, details, reason_in(trailing))

@@ -37,12 +37,6 @@ class SlabMap:
         self.before_unmap: Callable[[int], bool] | None = None
         self._kept: list[mmap.mmap] = []
 
-    def __contains__(self, slab_id: int) -> bool:
-        return slab_id in self._arrays
-
-    def __len__(self) -> int:
-        return len(self._arrays)
-
     def map(self, instance_id: str, shm_dir: str, slabs: list[SlabInfo]) -> None:
         """Map every slab of `instance_id`; a new instance replaces the old mappings."""
         if instance_id == self.instance_id and len(self._arrays) == len(slabs):

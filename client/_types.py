@@ -66,7 +66,7 @@ class Timings:
     """Milliseconds per stage. Client stages first, then the daemon's."""
 
     lease_ms: float = 0.0  # waiting for and granting leases
-    copy_ms: float = 0.0  # writing frames into the leases
+    copy_ms: float = 0.0  # writing frames into the leases (converting on the way)
     queue_ms: float = 0.0  # waiting for an encoder slot in the daemon
     validate_ms: float = 0.0  # the daemon checking the request against its leases
     open_ms: float = 0.0  # opening the encoder and the container
@@ -75,7 +75,9 @@ class Timings:
     mux_ms: float = 0.0  # writing packets into the container
     finalize_ms: float = 0.0  # finishing the container, placing the file
     daemon_ms: float = 0.0  # everything inside the daemon
-    transfer_ms: float = 0.0  # receiving output bytes (bytes outputs)
+    # From the start of the first copy until every frame is in the leases, lease waits in
+    # between included; for a stream, summed over its writes. 0 for `encode_leased`.
+    transfer_ms: float = 0.0
     total_ms: float = 0.0  # the whole call, as the caller saw it
 
     def as_dict(self) -> dict[str, float]:

@@ -18,6 +18,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from sidecar.vocabulary import PIXEL_FORMATS
+
 from ._convert import (
     FLOAT_DTYPES,
     Conversion,
@@ -25,11 +27,11 @@ from ._convert import (
     check_value_range,
     dtype_name,
     frames_view,
+    is_planar420,
     wire_format,
 )
 from ._errors import InvalidVideo
 
-PIXEL_FORMATS = ("rgb24", "bgr24", "rgba", "gray", "yuv420p", "nv12")
 CPU_BATCH_BYTES = 32 * 1024 * 1024  # float32 scratch per conversion batch on the CPU
 
 
@@ -58,13 +60,11 @@ def is_torch_tensor(obj: Any) -> bool:
 
 
 def frame_shape(pixel_format: str, width: int, height: int) -> tuple[int, ...]:
-    if pixel_format in ("rgb24", "bgr24"):
-        return (height, width, 3)
-    if pixel_format == "rgba":
-        return (height, width, 4)
-    if pixel_format == "gray":
-        return (height, width, 1)
-    return (height * 3 // 2, width)
+    """One frame as it lies in a lease: packed (H, W, C), or 4:2:0 planes as (H*3/2, W)."""
+    fmt = PIXEL_FORMATS[pixel_format]
+    if fmt.planar420:
+        return (height * 3 // 2, width)
+    return (height, width, fmt.channels)
 
 
 def frame_bytes(pixel_format: str, width: int, height: int) -> int:
@@ -159,7 +159,9 @@ def prepare_video(
     `cuda` makes the `CudaVideo` for a CUDA tensor (the client passes its CUDA state).
     """
     if pixel_format is not None and pixel_format not in PIXEL_FORMATS:
-        raise InvalidVideo(f"unknown pixel_format {pixel_format!r}; use one of {PIXEL_FORMATS}")
+        raise InvalidVideo(
+            f"unknown pixel_format {pixel_format!r}; use one of {', '.join(PIXEL_FORMATS)}"
+        )
     torch: Any = None
     if is_torch_tensor(video):
         import torch  # the caller already imported it
@@ -172,7 +174,7 @@ def prepare_video(
     if dtype != "uint8" and dtype not in FLOAT_DTYPES:
         raise InvalidVideo(f"dtype {dtype}: expected uint8, float16, bfloat16 or float32")
 
-    if pixel_format in ("yuv420p", "nv12") and video.ndim == 3:
+    if is_planar420(pixel_format) and video.ndim == 3:
         if torch is not None or dtype != "uint8" or video.shape[1] % 3:
             raise InvalidVideo(
                 f"shape {tuple(video.shape)}: {pixel_format} frames must be a uint8 numpy array "
@@ -182,9 +184,9 @@ def prepare_video(
     if pixel_format == "gray" and video.ndim == 3 and layout is None:
         video = video[..., None]
 
-    view, _ = frames_view(video, layout)
+    view = frames_view(video, layout)
     wire = wire_format(view.shape[3], pixel_format)
-    if wire in ("yuv420p", "nv12") and (view.shape[1] % 2 or view.shape[2] % 2):
+    if is_planar420(wire) and (view.shape[1] % 2 or view.shape[2] % 2):
         raise InvalidVideo(
             f"{view.shape[2]}x{view.shape[1]}: {wire} needs an even width and height"
         )

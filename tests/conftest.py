@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from .helpers import SHM_DIR, Daemon
+from .twins import TWINS, open_client
 
 # Every daemon a test session starts uses this prefix, so leaks are easy to find.
 SESSION_PREFIX = f"vst{os.getpid()}{secrets.token_hex(2)}"
@@ -77,9 +78,27 @@ def daemon() -> Iterator[Daemon]:
         d.cleanup()
 
 
+@pytest.fixture(params=TWINS)
+def twin(request: pytest.FixtureRequest) -> str:
+    """Which client a test runs: "sync" (`SidecarClient`) or "async" (`AsyncSidecarClient`
+    behind a blocking face, see `twins`)."""
+    return str(request.param)
+
+
 @pytest.fixture
-def client(daemon: Daemon) -> Iterator[Any]:
-    with daemon.client() as c:
+def connect(twin: str) -> Callable[..., Any]:
+    """Opens clients of the twin under test: `with connect(daemon, timeout=5) as c:`."""
+
+    def make(daemon: Daemon, **kwargs: Any) -> Any:
+        return open_client(twin, daemon.socket, **kwargs)
+
+    return make
+
+
+@pytest.fixture
+def client(daemon: Daemon, connect: Callable[..., Any]) -> Iterator[Any]:
+    """A client of each twin on the module's daemon."""
+    with connect(daemon) as c:
         yield c
 
 

@@ -70,6 +70,17 @@ class Daemon(DaemonProcess):
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def mapped_segments(prefix: str) -> set[tuple[str, str]]:
+    """This process's mappings of shared-memory segments named `prefix.*`, as (address
+    range, name): what the kernel says the clients mapped, no client internals needed."""
+    mapped = set()
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5].startswith(f"{SHM_DIR}/{prefix}."):
+            mapped.add((fields[0], Path(fields[5].removesuffix(" (deleted)")).name))
+    return mapped
+
+
 def decode(source: bytes | str | Path) -> tuple[np.ndarray, dict[str, Any]]:
     """Decode every frame as RGB; returns (frames, stream facts)."""
     handle = io.BytesIO(source) if isinstance(source, bytes) else str(source)

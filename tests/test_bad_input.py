@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import numpy as np
@@ -17,12 +18,14 @@ from client import (
     Lease,
     NotFound,
     OutOfRange,
+    Reason,
     RequestError,
     ResourceExhausted,
-    SidecarClient,
+    SidecarError,
 )
 from client.patterns import moving_pattern
 from sidecar.api.v1 import sidecar_pb2 as pb
+from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
 
 from .helpers import Daemon, decode, psnr
 
@@ -36,7 +39,7 @@ def frames() -> np.ndarray:
 
 
 @pytest.fixture
-def lease(client: SidecarClient, frames: np.ndarray) -> Iterator[Lease]:
+def lease(client: Any, frames: np.ndarray) -> Iterator[Lease]:
     """A lease holding 4 good rgb24 frames."""
     lease = client.lease(frames.nbytes)
     lease.array[: frames.nbytes] = frames.reshape(-1)
@@ -44,13 +47,23 @@ def lease(client: SidecarClient, frames: np.ndarray) -> Iterator[Lease]:
     client.release(lease)
 
 
-def encode(client: SidecarClient, ranges: list[FrameRange], **kw: object) -> object:
+def encode(client: Any, ranges: list[FrameRange], **kw: object) -> object:
     opts: dict[str, object] = {"width": W, "height": H, "pixel_format": "rgb24"}
     opts.update(kw)
-    return client.encode_leased(ranges, **opts)  # type: ignore[arg-type]
+    return client.encode_leased(ranges, **opts)
 
 
-def assert_still_serving(client: SidecarClient, lease: Lease, frames: np.ndarray) -> None:
+def wire(daemon: Daemon) -> Iterator[Any]:
+    """A bare stub on the daemon, for what the client never sends."""
+    with grpc.insecure_channel(f"unix:{daemon.socket}") as channel:
+        yield pb_grpc.VideoSidecarStub(channel)
+
+
+def assert_refused(err: SidecarError, code: grpc.StatusCode, reason: Reason | None) -> None:
+    assert err.code is code and err.reason is reason, (err.code, err.reason)
+
+
+def assert_still_serving(client: Any, lease: Lease, frames: np.ndarray) -> None:
     """The rejected request lost nothing: the same lease still encodes correctly."""
     result = client.encode_leased([FrameRange(lease.id, frame_count=4)], width=W, height=H)
     decoded, _ = decode(result.data or b"")
@@ -85,14 +98,17 @@ BAD_DESCRIPTORS = {
 
 
 @pytest.mark.parametrize("name", BAD_DESCRIPTORS)
-def test_bad_descriptor(client: SidecarClient, lease: Lease, frames: np.ndarray, name: str) -> None:
+def test_bad_descriptor(client: Any, lease: Lease, frames: np.ndarray, name: str) -> None:
     range_fields, request_fields, field = BAD_DESCRIPTORS[name]
-    with pytest.raises(InvalidArgument, match=field):
+    with pytest.raises(InvalidArgument, match=field) as info:
         encode(client, [FrameRange(lease, **range_fields)], **request_fields)
+    assert_refused(info.value, grpc.StatusCode.INVALID_ARGUMENT, Reason.INVALID_REQUEST)
     assert_still_serving(client, lease, frames)
 
 
-def test_unknown_pixel_format_enum(client: SidecarClient, lease: Lease, frames: np.ndarray) -> None:
+def test_unknown_pixel_format_enum(
+    daemon: Daemon, client: Any, lease: Lease, frames: np.ndarray
+) -> None:
     request = pb.EncodeRequest(
         client_token=client.attach().client_token,
         video=pb.VideoDescriptor(
@@ -103,29 +119,31 @@ def test_unknown_pixel_format_enum(client: SidecarClient, lease: Lease, frames: 
             ranges=[pb.FrameRange(lease_id=lease.id, frame_count=1)],
         ),
     )
-    with pytest.raises(InvalidArgument, match="pixel_format"):
-        client._encode(request, {}, 0.0, None, None)
+    for stub in wire(daemon):
+        with pytest.raises(grpc.RpcError) as info:
+            list(stub.Encode(request))
+        assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "pixel_format" in (info.value.details() or "")
     assert_still_serving(client, lease, frames)
 
 
-def test_unknown_lease(client: SidecarClient, lease: Lease, frames: np.ndarray) -> None:
-    with pytest.raises(NotFound):
+def test_unknown_lease(client: Any, lease: Lease, frames: np.ndarray) -> None:
+    with pytest.raises(NotFound) as info:
         encode(client, [FrameRange("0" * 32, frame_count=1)])
+    assert_refused(info.value, grpc.StatusCode.NOT_FOUND, Reason.LEASE_NOT_FOUND)
     with pytest.raises(NotFound):
         encode(client, [FrameRange("not-even-hex", frame_count=1)])
     assert_still_serving(client, lease, frames)
 
 
-def test_one_bad_range_takes_no_lease(
-    client: SidecarClient, lease: Lease, frames: np.ndarray
-) -> None:
+def test_one_bad_range_takes_no_lease(client: Any, lease: Lease, frames: np.ndarray) -> None:
     good = FrameRange(lease.id, frame_count=4)
     with pytest.raises(NotFound):
         encode(client, [good, FrameRange("f" * 32, frame_count=1)])
     assert_still_serving(client, lease, frames)
 
 
-def test_consumed_lease_is_gone(client: SidecarClient, frames: np.ndarray) -> None:
+def test_consumed_lease_is_gone(client: Any, frames: np.ndarray) -> None:
     lease = client.lease(frames.nbytes)
     lease.array[: frames.nbytes] = frames.reshape(-1)
     encode(client, [FrameRange(lease.id, frame_count=4)])
@@ -135,65 +153,72 @@ def test_consumed_lease_is_gone(client: SidecarClient, frames: np.ndarray) -> No
 
 
 def test_lease_of_another_client_is_invisible(
-    daemon: Daemon, client: SidecarClient, lease: Lease, frames: np.ndarray
+    daemon: Daemon, connect, client: Any, lease: Lease, frames: np.ndarray
 ) -> None:
-    with daemon.client() as other:
+    with connect(daemon) as other:
         with pytest.raises(NotFound):
             other.encode_leased([FrameRange(lease.id, frame_count=4)], width=W, height=H)
+        other.release(lease)  # not an error to the client, and it frees nothing
+        token = other.attach().client_token
+    for stub in wire(daemon):  # what the daemon answered, under the client's silence
         with pytest.raises(grpc.RpcError) as info:
-            other._stub.Release(
-                pb.ReleaseRequest(client_token=other.attach().client_token, lease_id=lease.id)
-            )
+            stub.Release(pb.ReleaseRequest(client_token=token, lease_id=lease.id))
         assert info.value.code() == grpc.StatusCode.NOT_FOUND
     assert_still_serving(client, lease, frames)
 
 
-def test_unknown_token_is_reattached(client: SidecarClient, frames: np.ndarray) -> None:
+def test_unknown_token_is_reattached(client: Any, frames: np.ndarray) -> None:
     """A stale token (as after a daemon restart) is replaced transparently."""
     client.attach()
-    stale = client._attachment
-    assert stale is not None
-    client._attachment = type(stale)(**{**stale.__dict__, "client_token": "f" * 32})
+    # The client's state, not its API: the only way to a stale token without restarting
+    # the daemon (tests/test_faults.py restarts it for real).
+    core = client._core
+    stale = core.attachment
+    core.attachment = type(stale)(**{**stale.__dict__, "client_token": "f" * 32})
     result = client.encode(frames)
     assert result.frames == 4
     assert client.attach().client_token != "f" * 32
 
 
-def test_existing_output_is_kept(client: SidecarClient, daemon: Daemon, frames: np.ndarray) -> None:
-    first = client.encode(frames, path="keep/me.mp4")
-    with pytest.raises(AlreadyExists):
-        client.encode(frames[:2], path="keep/me.mp4")
+def test_existing_output_is_kept(client: Any, twin: str, frames: np.ndarray) -> None:
+    first = client.encode(frames, path=f"keep/{twin}.mp4")
+    with pytest.raises(AlreadyExists) as info:
+        client.encode(frames[:2], path=f"keep/{twin}.mp4")
+    assert_refused(info.value, grpc.StatusCode.ALREADY_EXISTS, Reason.OUTPUT_EXISTS)
     assert os.path.getsize(first.path or "") == first.size_bytes
-    replaced = client.encode(frames[:2], path="keep/me.mp4", overwrite=True)
+    replaced = client.encode(frames[:2], path=f"keep/{twin}.mp4", overwrite=True)
     assert replaced.frames == 2
 
 
 def test_symlink_escape(
-    client: SidecarClient, daemon: Daemon, frames: np.ndarray, tmp_path
+    client: Any, twin: str, daemon: Daemon, frames: np.ndarray, tmp_path
 ) -> None:
-    daemon.output_dir.joinpath("link").symlink_to(tmp_path, target_is_directory=True)
-    with pytest.raises(InvalidArgument, match="link"):
-        client.encode(frames, path="link/x.mp4")
+    daemon.output_dir.joinpath(f"link-{twin}").symlink_to(tmp_path, target_is_directory=True)
+    with pytest.raises(InvalidArgument, match="link") as info:
+        client.encode(frames, path=f"link-{twin}/x.mp4")
+    assert info.value.reason is Reason.INVALID_REQUEST
     assert list(tmp_path.iterdir()) == []
 
 
-def test_lease_larger_than_a_slab(client: SidecarClient) -> None:
-    with pytest.raises(OutOfRange):
+def test_lease_larger_than_a_slab(client: Any) -> None:
+    with pytest.raises(OutOfRange) as info:
         client.lease(16 * 1024 * 1024 + 1)
+    assert_refused(info.value, grpc.StatusCode.OUT_OF_RANGE, Reason.OUT_OF_RANGE)
 
 
-def test_pool_exhausted_after_bounded_wait(client: SidecarClient) -> None:
+def test_pool_exhausted_after_bounded_wait(client: Any) -> None:
     held = [client.lease(16 * 1024 * 1024) for _ in range(4)]
     try:
-        with pytest.raises(ResourceExhausted, match="no room"):
+        with pytest.raises(ResourceExhausted, match="no room") as info:
             client.lease(4096, wait=0.3)
+        assert_refused(info.value, grpc.StatusCode.RESOURCE_EXHAUSTED, Reason.POOL_EXHAUSTED)
     finally:
         for lease in held:
             client.release(lease)
     client.release(client.lease(4096, wait=0))
 
 
-def test_client_side_checks(client: SidecarClient) -> None:
+def test_client_side_checks(client: Any) -> None:
     with pytest.raises(InvalidVideo, match="dtype"):
         client.encode(np.zeros((2, H, W, 3), np.int32))
     with pytest.raises(InvalidVideo, match="shape"):
@@ -208,11 +233,27 @@ def test_client_side_checks(client: SidecarClient) -> None:
         client.encode(np.zeros((2, H, W - 1, 3), np.uint8), pixel_format="yuv420p")
     with pytest.raises(InvalidVideo, match="pixel_format"):
         client.encode(np.zeros((2, H, W, 3), np.uint8), pixel_format="yuv444p")
-    with pytest.raises(InvalidVideo):
+    with pytest.raises(InvalidVideo) as info:
         client.encode([[1, 2, 3]])
+    # Raised in the client: no reason from the daemon.
+    assert_refused(info.value, grpc.StatusCode.INVALID_ARGUMENT, None)
+    with pytest.raises(InvalidArgument, match="container") as info:
+        client.encode(np.zeros((2, H, W, 3), np.uint8), container="avi")
+    assert type(info.value) is InvalidArgument and info.value.reason is None
 
 
-def test_errors_are_counted(client: SidecarClient) -> None:
+def test_unknown_keywords_name_the_method(client: Any, twin: str) -> None:
+    name = {"sync": "SidecarClient", "async": "AsyncSidecarClient"}[twin]
+    video = np.zeros((2, H, W, 3), np.uint8)
+    with pytest.raises(TypeError, match=rf"^{name}\.encode\(\) got an unexpected .* 'crff'"):
+        client.encode(video, crff=20)
+    with pytest.raises(TypeError, match=rf"^{name}\.stream\(\) got an unexpected"):
+        client.stream(fps=24, bitrate=5)
+    with pytest.raises(TypeError, match=rf"^{name}\.encode_leased\(\) got an unexpected"):
+        client.encode_leased([], width=W, height=H, preset_="fast")
+
+
+def test_errors_are_counted(client: Any) -> None:
     errors = client.status().counters["errors"]
     assert errors.get("INVALID_ARGUMENT", 0) >= len(BAD_DESCRIPTORS)
     assert errors.get("NOT_FOUND", 0) >= 2

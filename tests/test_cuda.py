@@ -114,8 +114,9 @@ def test_registration_happens_once_per_slab(daemon: Daemon, rgb: np.ndarray) -> 
     with daemon.client() as c:
         for _ in range(100):
             c.encode(gpu)
-        assert c._cuda is not None
-        assert c.cuda_registrations == c._cuda.registrations
+        cuda = c._core.cuda  # the client's CUDA state: how many cudaHostRegister calls it made
+        assert cuda is not None
+        assert c.cuda_registrations == cuda.registrations
         assert 1 <= c.cuda_registrations <= 4  # the slabs actually used, never more
 
 

@@ -9,15 +9,17 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 
-from client import DeadlineExceeded, ResourceExhausted, SidecarClient, SidecarUnavailable
+from client import DeadlineExceeded, Reason, ResourceExhausted, SidecarUnavailable
 from client.patterns import moving_pattern
 
 from .conftest import new_prefix
-from .helpers import Daemon, decode
+from .helpers import Daemon, decode, mapped_segments
 
 
 def wait_until(predicate, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
@@ -45,16 +47,18 @@ def tmpfs(path: Path, size: str) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
-def test_daemon_killed_clients_reattach_and_remap(make_daemon) -> None:
+def test_daemon_killed_clients_reattach_and_remap(make_daemon, connect) -> None:
     d = make_daemon()
     video = moving_pattern(6, 64, 64)
-    with d.client(timeout=5) as c:
+    with connect(d, timeout=5) as c:
         c.encode(video)
         old_instance = c.attach().instance_id
-        old_slabs = dict(c._slabs._maps)
+        old_slabs = {name for _, name in mapped_segments(d.prefix)}
+        assert len(old_slabs) == 4
         d.kill()  # SIGKILL: no cleanup at all
-        with pytest.raises(SidecarUnavailable):
+        with pytest.raises(SidecarUnavailable) as info:
             c.encode(video)
+        assert info.value.code is grpc.StatusCode.UNAVAILABLE
         stale = d.segments()
         assert len(stale) == 5  # four slabs and the lock, left behind
         d.start()
@@ -63,13 +67,14 @@ def test_daemon_killed_clients_reattach_and_remap(make_daemon) -> None:
         # The same client object carries on: new token, new slabs, no help needed.
         assert wait_until(lambda: _encodes(c, video), timeout=10)
         assert c.attach().instance_id != old_instance
-        assert c._slabs._maps.keys() == old_slabs.keys()
-        assert all(c._slabs._maps[k] is not old_slabs[k] for k in old_slabs)
+        new_slabs = set(d.segments()) - {f"{d.prefix}.lock"}
+        assert new_slabs <= {name for _, name in mapped_segments(d.prefix)}
+        assert not new_slabs & old_slabs
 
 
-def _encodes(c: SidecarClient, video: np.ndarray) -> bool:
+def _encodes(c: Any, video: np.ndarray) -> bool:
     try:
-        return c.encode(video).frames == len(video)
+        return bool(c.encode(video).frames == len(video))
     except SidecarUnavailable:
         return False
 
@@ -79,28 +84,29 @@ def noisy(frames: int) -> np.ndarray:
     return np.random.default_rng(1).integers(0, 255, (frames, 144, 256, 3), dtype=np.uint8)
 
 
-def test_output_disk_full(make_daemon, tmp_path: Path) -> None:
+def test_output_disk_full(make_daemon, connect, tmp_path: Path) -> None:
     """A real ENOSPC: the output root on a 1 MiB tmpfs."""
     with tmpfs(tmp_path / "small", "1M") as root:
         d = make_daemon(output_dir=str(root))
-        with d.client() as c:
+        with connect(d) as c:
             with pytest.raises(ResourceExhausted, match="no space left") as info:
                 c.encode(noisy(40), crf=0, path="big/out.mp4")
-            assert info.value.reason == "DISK_FULL"
+            assert info.value.reason is Reason.DISK_FULL
             assert list((root / "big").iterdir()) == []  # the partial file is gone
             assert c.encode(moving_pattern(2, 32, 32), path="small.mp4").frames == 2
             status = c.status()
         assert status.pool["active_leases"] <= 1
 
 
-def test_output_file_size_limit(make_daemon) -> None:
+def test_output_file_size_limit(make_daemon, connect) -> None:
     """The same failure where mounting is not allowed: a file-size limit on the daemon."""
     d = make_daemon(start=False, slabs=4, slab_size="1MiB")
     limit = 3 * 1024 * 1024
     d.start(preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
-    with d.client() as c:
-        with pytest.raises(ResourceExhausted, match="file size limit"):
+    with connect(d) as c:
+        with pytest.raises(ResourceExhausted, match="file size limit") as info:
             c.encode(noisy(60), crf=0, path="big/out.mp4")
+        assert info.value.reason is Reason.DISK_FULL
         assert [p for p in (d.output_dir / "big").iterdir()] == []
         frames, _ = decode(c.encode(moving_pattern(4, 64, 64)).data or b"")
         assert len(frames) == 4
@@ -120,10 +126,10 @@ def test_shm_too_small_is_a_clear_startup_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("frames", [50, 120])  # one Encode call; a stream (over half the pool)
-def test_deadline_stops_the_encode_and_leaves_nothing(make_daemon, frames: int) -> None:
+def test_deadline_stops_the_encode_and_leaves_nothing(make_daemon, connect, frames: int) -> None:
     d = make_daemon()
     long_video = moving_pattern(frames, 288, 512)
-    with d.client() as c:
+    with connect(d) as c:
         with pytest.raises(DeadlineExceeded):
             c.encode(long_video, preset="veryslow", threads=1, path="late.mp4", timeout=0.5)
         assert wait_until(lambda: c.status().active_encodes == 0)
@@ -133,9 +139,9 @@ def test_deadline_stops_the_encode_and_leaves_nothing(make_daemon, frames: int) 
     assert list(d.output_dir.iterdir()) == []  # no temp file, no partial output
 
 
-def test_pool_exhausted_is_bounded(make_daemon) -> None:
+def test_pool_exhausted_is_bounded(make_daemon, connect) -> None:
     d = make_daemon(slabs=1, slab_size="1MiB", max_lease_wait=0.5)
-    with d.client() as a, d.client() as b:
+    with connect(d) as a, connect(d) as b:
         held = a.lease(1024 * 1024)
         t0 = time.monotonic()
         with pytest.raises(ResourceExhausted):

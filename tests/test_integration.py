@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
+import select
+import signal
 import stat
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from client import AsyncSidecarClient, SidecarClient
 from client.patterns import moving_pattern
 
-from .helpers import Daemon, decode, psnr
+from .helpers import Daemon, decode, mapped_segments, psnr
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +26,7 @@ def video() -> np.ndarray:
     return moving_pattern(24, 144, 256)
 
 
-def test_bytes_round_trip(client: SidecarClient, video: np.ndarray) -> None:
+def test_bytes_round_trip(client: Any, video: np.ndarray) -> None:
     result = client.encode(video, fps=24)
 
     assert result.path is None and result.data is not None
@@ -38,25 +41,25 @@ def test_bytes_round_trip(client: SidecarClient, video: np.ndarray) -> None:
     assert result.data[4:8] == b"ftyp" and result.data.find(b"moov") < result.data.find(b"mdat")
 
 
-def test_path_round_trip(daemon: Daemon, client: SidecarClient, video: np.ndarray) -> None:
-    result = client.encode(video, fps=24, path="clips/a/first.mp4")
+def test_path_round_trip(daemon: Daemon, client: Any, twin: str, video: np.ndarray) -> None:
+    result = client.encode(video, fps=24, path=f"clips/{twin}/first.mp4")
 
     assert result.data is None
     path = Path(result.path or "")
-    assert path == daemon.output_dir.resolve() / "clips/a/first.mp4"
+    assert path == daemon.output_dir.resolve() / f"clips/{twin}/first.mp4"
     assert path.stat().st_size == result.size_bytes
     frames, _ = decode(path)
     assert frames.shape == video.shape and psnr(frames, video) >= 40
     assert not [p for p in path.parent.iterdir() if p.name.startswith(".")], "temp file left"
 
 
-def test_colour_is_tagged_bt709_limited(client: SidecarClient, video: np.ndarray) -> None:
+def test_colour_is_tagged_bt709_limited(client: Any, video: np.ndarray) -> None:
     _, facts = decode(client.encode(video[:4]).data or b"")
     assert (facts["colorspace"], facts["color_primaries"], facts["color_trc"]) == (1, 1, 1)
     assert facts["color_range"] == 1  # limited ("tv")
 
 
-def test_same_frames_same_bytes(client: SidecarClient, video: np.ndarray) -> None:
+def test_same_frames_same_bytes(client: Any, video: np.ndarray) -> None:
     """The daemon is deterministic: the same frames give the same MP4."""
     a = client.encode(video[:8], threads=1)
     b = client.encode(video[:8].copy(), threads=1)
@@ -64,7 +67,7 @@ def test_same_frames_same_bytes(client: SidecarClient, video: np.ndarray) -> Non
 
 
 @pytest.mark.parametrize("pixel_format", ["bgr24", "rgba", "gray", "yuv420p", "nv12"])
-def test_pixel_formats(client: SidecarClient, video: np.ndarray, pixel_format: str) -> None:
+def test_pixel_formats(client: Any, video: np.ndarray, pixel_format: str) -> None:
     rgb = video[:6]
     if pixel_format == "bgr24":
         data, expect = rgb[..., ::-1], rgb
@@ -95,25 +98,25 @@ def test_pixel_formats(client: SidecarClient, video: np.ndarray, pixel_format: s
     assert psnr(frames, expect) >= 35
 
 
-def test_cpu_tensor(client: SidecarClient, video: np.ndarray) -> None:
+def test_cpu_tensor(client: Any, video: np.ndarray) -> None:
     torch = pytest.importorskip("torch")
     result = client.encode(torch.from_numpy(video[:6]), fps=24)
     frames, _ = decode(result.data or b"")
     assert psnr(frames, video[:6]) >= 40
 
 
-def test_non_contiguous_input(client: SidecarClient, video: np.ndarray) -> None:
+def test_non_contiguous_input(client: Any, video: np.ndarray) -> None:
     strided = video[::2, :, ::-1]  # every other frame, mirrored: no contiguous memory
     result = client.encode(strided)
     frames, _ = decode(result.data or b"")
     assert psnr(frames, strided) >= 40
 
 
-def test_video_split_across_leases(make_daemon, video: np.ndarray) -> None:
+def test_video_split_across_leases(make_daemon, connect, video: np.ndarray) -> None:
     """A video larger than one slab travels as several frame ranges, each its own lease."""
     d = make_daemon(slabs=8, slab_size="1MiB")
     frames_in = moving_pattern(40, 144, 256)  # 110 KiB a frame: 9 frames a lease, 5 leases
-    with d.client() as c:
+    with connect(d) as c:
         result = c.encode(frames_in)
         status = c.status()
     frames, _ = decode(result.data or b"")
@@ -122,7 +125,7 @@ def test_video_split_across_leases(make_daemon, video: np.ndarray) -> None:
     assert status.pool["leased_bytes"] == 0
 
 
-def test_codecs(client: SidecarClient, video: np.ndarray) -> None:
+def test_codecs(client: Any, video: np.ndarray) -> None:
     for codec, name in (("h265", "hevc"), ("av1", "libdav1d")):
         result = client.encode(video[:6], codec=codec)
         frames, facts = decode(result.data or b"")
@@ -131,54 +134,50 @@ def test_codecs(client: SidecarClient, video: np.ndarray) -> None:
         assert psnr(frames, video[:6]) >= 35
 
 
-def test_codec_options(client: SidecarClient, video: np.ndarray) -> None:
+def test_codec_options(client: Any, video: np.ndarray) -> None:
     small = client.encode(video[:12], crf=40, preset="veryfast", gop=4)
     big = client.encode(video[:12], crf=10)
     assert small.size_bytes < big.size_bytes
 
 
-def test_progress_callback(client: SidecarClient, video: np.ndarray) -> None:
+def test_progress_callback(client: Any, video: np.ndarray) -> None:
     seen: list[tuple[int, int]] = []
     client.encode(video, on_progress=lambda done, total: seen.append((done, total)))
     assert seen and seen[-1] == (24, 24)
 
 
-def test_async_client(daemon: Daemon, video: np.ndarray) -> None:
-    async def main() -> list[bytes]:
-        async with AsyncSidecarClient(daemon.socket) as c:
-            results = await asyncio.gather(*(c.encode(video[:8]) for _ in range(3)))
-            assert (await c.health()) == "SERVING"
-            return [r.data or b"" for r in results]
-
-    outputs = asyncio.run(main())
-    for data in outputs:
-        frames, _ = decode(data)
+def test_concurrent_encodes_on_one_client(client: Any, video: np.ndarray) -> None:
+    """One client shared by threads (on the async twin: concurrent tasks on its loop)."""
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(lambda _: client.encode(video[:8]), range(3)))
+    assert client.health() == "SERVING"
+    for result in results:
+        frames, _ = decode(result.data or b"")
         assert psnr(frames, video[:8]) >= 40
 
 
-def test_status_and_health_answer_during_long_encode(daemon: Daemon) -> None:
+def test_status_and_health_answer_during_long_encode(client: Any) -> None:
     long_video = moving_pattern(120, 288, 512)  # 53 MB: fits the 64 MiB pool
-
-    async def main() -> tuple[float, int]:
-        async with AsyncSidecarClient(daemon.socket) as c:
-            encode = asyncio.create_task(c.encode(long_video, preset="medium", threads=1))
-            for _ in range(1000):
-                status = await c.status()
-                if status.active_encodes or encode.done():
-                    break
-                await asyncio.sleep(0.01)
-            assert status.active_encodes == 1, "the encode never started"
-            loop = asyncio.get_running_loop()
-            t0 = loop.time()
-            assert await c.health() == "SERVING"
-            await c.status()
-            latency = loop.time() - t0
-            assert not encode.done()
-            result = await encode
-            return latency, result.frames
-
-    latency, frames = asyncio.run(main())
-    assert frames == 120
+    results: list[Any] = []
+    encode = threading.Thread(
+        target=lambda: results.append(client.encode(long_video, preset="medium", threads=1))
+    )
+    encode.start()
+    try:
+        for _ in range(1000):
+            status = client.status()
+            if status.active_encodes or not encode.is_alive():
+                break
+            time.sleep(0.01)
+        assert status.active_encodes == 1, "the encode never started"
+        t0 = time.monotonic()
+        assert client.health() == "SERVING"
+        client.status()
+        latency = time.monotonic() - t0
+        assert encode.is_alive()
+    finally:
+        encode.join()
+    assert results[0].frames == 120
     assert latency < 1.0
 
 
@@ -192,12 +191,12 @@ def test_slabs_are_private(daemon: Daemon) -> None:
     assert socket_mode == 0o600
 
 
-def test_status_counts(daemon: Daemon, video: np.ndarray) -> None:
-    with daemon.client() as c:
+def test_status_counts(daemon: Daemon, connect, video: np.ndarray) -> None:
+    with connect(daemon) as c:
         before = c.status()
         c.encode(video[:4])
         during = c.status()
-    with daemon.client() as c:
+    with connect(daemon) as c:
         after = c.status()
     assert after.counters["encodes_ok"] == before.counters["encodes_ok"] + 1
     assert after.counters["frames_encoded"] == before.counters["frames_encoded"] + 4
@@ -207,27 +206,64 @@ def test_status_counts(daemon: Daemon, video: np.ndarray) -> None:
     assert after.pool["leased_bytes"] == 0 and after.pool["active_leases"] == 0
 
 
-def test_spare_lease_saves_a_round_trip(daemon: Daemon, video: np.ndarray) -> None:
-    with daemon.client() as c:
+def test_spare_lease_saves_a_round_trip(daemon: Daemon, connect, video: np.ndarray) -> None:
+    with connect(daemon) as c:
         c.encode(video[:4])
         granted = c.status().counters["leases_granted"]
         for _ in range(5):
             c.encode(video[:4])
         # Each request used the spare from the previous result: one lease per request,
         # granted by the daemon alongside the result, and no Lease call.
-        assert c.status().counters["leases_granted"] == granted + 5
-        spare = c._spare
-        assert spare is not None
+        status = c.status()
+        assert status.counters["leases_granted"] == granted + 5
+        assert status.pool["active_leases"] == 1  # the spare, for the next request
+        small_spare = status.pool["leased_bytes"]
         c.encode(video[:8])  # larger: the spare is too small, given back, a fresh lease taken
-        assert c._spare is not None and c._spare[0].id != spare[0].id
+        status = c.status()
+        assert status.counters["leases_granted"] == granted + 7  # the fresh one, a new spare
+        assert status.pool["active_leases"] == 1
+        assert status.pool["leased_bytes"] == 2 * small_spare  # sized for the last request
 
 
-def test_slabs_mapped_once_per_client(client: SidecarClient, video: np.ndarray) -> None:
+def test_close_in_a_forked_child_leaves_the_parents_spare_lease(
+    daemon: Daemon, connect, video: np.ndarray
+) -> None:
+    """A child after fork closing its copy of the client must not give back the parent's
+    spare lease (nor use the parent's channel): the parent carries on with it."""
+    with connect(daemon) as c:
+        c.encode(video[:4])  # the result brings a spare lease
+        assert c.status().pool["active_leases"] == 1
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: close the inherited client, say so, leave at once
+            try:
+                c.close()
+                os.write(write, b"closed")
+            finally:
+                os._exit(0)
+        os.close(write)
+        try:
+            ready, _, _ = select.select([read], [], [], 20)
+            reply = os.read(read, 64) if ready else b"(no answer in 20 s)"
+        finally:
+            os.close(read)
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        assert reply == b"closed"
+        status = c.status()
+        assert status.pool["active_leases"] == 1, "the child gave the parent's spare back"
+        granted = status.counters["leases_granted"]
+        c.encode(video[:4])  # on the spare: the only lease granted is the next spare
+        assert c.status().counters["leases_granted"] == granted + 1
+
+
+def test_slabs_mapped_once_per_client(daemon: Daemon, client: Any, video: np.ndarray) -> None:
     client.encode(video[:2])
-    maps = dict(client._slabs._maps)
+    before = mapped_segments(daemon.prefix)
+    assert len({name for _, name in before}) == 4  # every slab of the pool
     for _ in range(3):
         client.encode(video[:2])
-    assert client._slabs._maps == maps
+    assert mapped_segments(daemon.prefix) <= before  # nothing mapped again
 
 
 def test_daemon_refuses_second_instance_on_same_prefix(daemon: Daemon) -> None:

@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from client import InvalidArgument, Reason
 from client.patterns import moving_pattern
 
-from .helpers import decode, psnr
+from .helpers import daemon_command, decode, psnr
 from .test_cli import run
 
 
@@ -30,8 +31,9 @@ def test_prometheus_metrics(make_daemon) -> None:
     d = make_daemon(metrics=f"127.0.0.1:{port}")
     with d.client() as c:
         c.encode(moving_pattern(6, 64, 64))
-        with pytest.raises(Exception):  # noqa: B017
-            c.encode(moving_pattern(2, 63, 64))  # odd width: INVALID_ARGUMENT
+        with pytest.raises(InvalidArgument, match="height") as info:
+            c.encode(moving_pattern(2, 63, 64))  # odd height: the daemon's INVALID_ARGUMENT
+        assert info.value.reason is Reason.INVALID_REQUEST
         held = c.lease(1 << 20)
         text = (
             urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
@@ -53,9 +55,9 @@ def test_prometheus_metrics(make_daemon) -> None:
         assert name in lines, name
 
 
-def test_json_logs_carry_the_request_id(make_daemon) -> None:
+def test_json_logs_carry_the_request_id(make_daemon, connect) -> None:
     d = make_daemon(log_json="true")
-    with d.client() as c:
+    with connect(d) as c:
         c.encode(moving_pattern(3, 32, 32), request_id="job-4711")
     records = [json.loads(line) for line in d.log().splitlines() if line.startswith("{")]
     mine = [r for r in records if r.get("request_id") == "job-4711"]
@@ -120,7 +122,7 @@ def test_health_command(daemon, tmp_path: Path) -> None:
 
 def test_bench_shortcut_needs_a_checkout(tmp_path: Path) -> None:
     result = subprocess.run(
-        [*run.__globals__["daemon_command"](), "bench", "--help"],
+        [*daemon_command(), "bench", "--help"],
         cwd=tmp_path, capture_output=True, text=True, check=False,
         env={**os.environ, "PYTHONPATH": ""},
     )  # fmt: skip

@@ -41,7 +41,7 @@ def report(name: str, figures: dict[str, object]) -> None:
         path.write_text(json.dumps(data, indent=2) + "\n")
 
 
-def test_mixed_requests_from_16_clients(make_daemon) -> None:
+def test_mixed_requests_from_16_clients(make_daemon, connect, twin: str) -> None:
     d = make_daemon(slabs=8, slab_size="16MiB", max_concurrent_encodes=4)
     videos = {shape: moving_pattern(*shape) for shape in SHAPES}
     per_client, clients = 63, 16  # 1008 requests
@@ -52,7 +52,7 @@ def test_mixed_requests_from_16_clients(make_daemon) -> None:
 
     def worker(seed: int) -> None:
         rng = random.Random(seed)
-        with d.client() as c:
+        with connect(d) as c:
             for i in range(per_client):
                 shape = rng.choice(SHAPES)
                 video = videos[shape]
@@ -95,7 +95,7 @@ def test_mixed_requests_from_16_clients(make_daemon) -> None:
     assert status.counters["encodes_failed"] == 0
     quantiles = statistics.quantiles(latencies, n=100)
     report(
-        "mixed_requests",
+        "mixed_requests" if twin == "sync" else f"mixed_requests_{twin}",
         {
             "requests": len(latencies),
             "clients": clients,

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import asyncio
 import io
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from typing import Any
 
 import av
 import numpy as np
 import pytest
 
-from client import AsyncSidecarClient, InvalidArgument, SidecarClient
+from client import InvalidArgument, OutOfRange, Reason
 from client.patterns import moving_pattern
 
 from .helpers import Daemon, decode, psnr
@@ -41,7 +42,7 @@ def audio_facts(data: bytes) -> tuple[float, float, int, str]:
     return samples / rate, float(frames / fps), rate, name
 
 
-def test_chunked_equals_whole(client: SidecarClient, video: np.ndarray) -> None:
+def test_chunked_equals_whole(client: Any, video: np.ndarray) -> None:
     whole = client.encode(video, threads=1, gop=12)
     with client.stream(fps=24, threads=1, gop=12) as s:
         for chunk in chunks_of(video, 6):
@@ -53,31 +54,30 @@ def test_chunked_equals_whole(client: SidecarClient, video: np.ndarray) -> None:
     assert psnr(b, video) >= 40
 
 
-def test_stream_frees_each_lease_as_it_goes(make_daemon, video: np.ndarray) -> None:
+def test_stream_frees_each_lease_as_it_goes(make_daemon, connect, video: np.ndarray) -> None:
     """A pool smaller than the video: chunks wait for leases the encoder frees."""
     d = make_daemon(slabs=2, slab_size="1MiB")  # 110 KiB frames: 9 a lease, 18 in the pool
-    with d.client() as c, c.stream(fps=24) as s:
+    with connect(d) as c, c.stream(fps=24) as s:
         for chunk in chunks_of(video, 9):
             s.write(chunk)
-    frames, _ = decode(s.result.data or b"")  # type: ignore[union-attr]
+    frames, _ = decode(s.result.data or b"")
     assert frames.shape == video.shape and psnr(frames, video) >= 40
-    with d.client() as c:
+    with connect(d) as c:
         status = c.status()
     assert status.pool["active_leases"] == 0 and status.counters["leases_granted"] == 4
 
 
-def test_large_video_is_streamed_by_encode(make_daemon) -> None:
+def test_large_video_is_streamed_by_encode(make_daemon, connect) -> None:
     d = make_daemon(slabs=4, slab_size="1MiB")
     big = moving_pattern(60, 144, 256)  # 6.6 MB: more than the whole 4 MiB pool
-    with d.client() as c:
+    with connect(d) as c:
         result = c.encode(big)
     frames, _ = decode(result.data or b"")
     assert frames.shape == big.shape and psnr(frames, big) >= 40
+    assert result.timings.transfer_ms >= result.timings.copy_ms > 0
 
 
-def test_fragmented_mp4_arrives_before_the_last_chunk(
-    client: SidecarClient, video: np.ndarray
-) -> None:
+def test_fragmented_mp4_arrives_before_the_last_chunk(client: Any, video: np.ndarray) -> None:
     arrivals: list[float] = []
     last_write = 0.0
     with client.stream(
@@ -96,7 +96,19 @@ def test_fragmented_mp4_arrives_before_the_last_chunk(
     assert frames.shape == video.shape and psnr(frames, video) >= 40
 
 
-def test_webm_with_opus(client: SidecarClient, video: np.ndarray) -> None:
+def test_chunks_can_be_read_while_writing(client: Any, video: np.ndarray) -> None:
+    pieces: list[bytes] = []
+    with client.stream(fps=24, container="fmp4", gop=6) as s:
+        reader = threading.Thread(target=lambda: pieces.extend(s.chunks()))
+        reader.start()
+        for chunk in chunks_of(video, 6):
+            s.write(chunk)
+    reader.join(30)
+    assert not reader.is_alive(), "chunks() did not end with the stream"
+    assert s.result is not None and b"".join(pieces) == s.result.data
+
+
+def test_webm_with_opus(client: Any, video: np.ndarray) -> None:
     t = np.arange(int(1.5 * 44100)) / 44100
     pcm = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
     result = client.encode(video, container="webm", audio=pcm, sample_rate=44100)
@@ -109,9 +121,7 @@ def test_webm_with_opus(client: SidecarClient, video: np.ndarray) -> None:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "int16"])
-def test_audio_durations_match_the_video(
-    client: SidecarClient, video: np.ndarray, dtype: str
-) -> None:
+def test_audio_durations_match_the_video(client: Any, video: np.ndarray, dtype: str) -> None:
     # 2 s of stereo audio for 1.5 s of video: trimmed; the AAC priming is edited out.
     t = np.arange(2 * 44100) / 44100
     wave = 0.3 * np.sin(2 * np.pi * 330 * t)
@@ -124,7 +134,7 @@ def test_audio_durations_match_the_video(
     assert abs(audio_s - video_s) <= 1024 / 44100
 
 
-def test_audio_sent_at_the_end_of_a_stream(client: SidecarClient, video: np.ndarray) -> None:
+def test_audio_sent_at_the_end_of_a_stream(client: Any, video: np.ndarray) -> None:
     short = np.zeros((22050, 1), np.float32)  # 0.5 s of mono for 1.5 s of video: padded
     short[:, 0] = 0.2
     with client.stream(fps=24, sample_rate=22050, channels=1) as s:
@@ -135,44 +145,84 @@ def test_audio_sent_at_the_end_of_a_stream(client: SidecarClient, video: np.ndar
     assert abs(audio_s - video_s) <= 1024 / 22050
 
 
-def test_cancelling_a_stream_frees_its_leases(daemon: Daemon, video: np.ndarray) -> None:
-    with daemon.client() as c:
+def wait_for_idle(c: Any, leases: int = 0) -> Any:
+    """The daemon's status once no encode runs and at most `leases` leases are out."""
+    deadline = time.monotonic() + 5
+    while True:
+        status = c.status()
+        idle = status.pool["active_leases"] <= leases and status.active_encodes == 0
+        if idle or time.monotonic() > deadline:
+            return status
+        time.sleep(0.05)
+
+
+def test_cancelling_a_stream_frees_its_leases(daemon: Daemon, connect, video: np.ndarray) -> None:
+    with connect(daemon) as c:
         failed = c.status().counters["encodes_failed"]
         with pytest.raises(RuntimeError, match="stop"), c.stream(fps=24) as s:
             s.write(video[:12])
             s.write(video[12:24])
             raise RuntimeError("stop")
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            status = c.status()
-            if status.pool["active_leases"] == 0 and status.active_encodes == 0:
-                break
-            time.sleep(0.05)
-        assert status.pool["active_leases"] == 0
+        status = wait_for_idle(c)
+        assert status.pool["active_leases"] == 0 and status.active_encodes == 0
         assert status.counters["encodes_failed"] == failed + 1
         assert c.encode(video[:6]).frames == 6  # still serving
+        with pytest.raises(InvalidArgument, match="closed"):
+            s.write(video[:6])
 
 
-def test_killed_client_leases_come_back_within_the_ttl(make_daemon) -> None:
-    d = make_daemon(lease_ttl=2)
-    script = textwrap.dedent(
-        f"""
-        import os, signal
-        import numpy as np
-        from client import SidecarClient
-        c = SidecarClient({d.socket!r})
+def test_a_failed_close_still_ends_the_stream(daemon: Daemon, connect, video: np.ndarray) -> None:
+    """`close` that fails on its way (here the end audio cannot be leased) still ends the
+    requests, so the daemon ends the stream and frees its leases: no `cancel` needed."""
+    with connect(daemon) as c:
+        s = c.stream(fps=24, sample_rate=48000, channels=1)
+        s.write(video[:12])
+        too_long = np.zeros((16 * 1024 * 1024 // 4 + 1024, 1), np.float32)  # over a slab
+        with pytest.raises(OutOfRange) as info:
+            s.close(audio=too_long)
+        assert info.value.reason is Reason.OUT_OF_RANGE
+        status = wait_for_idle(c)
+        assert status.active_encodes == 0, "the stream is still open in the daemon"
+        assert status.pool["active_leases"] == 0
+
+
+KILLED_CLIENT = {
+    "sync": """
+        c = SidecarClient({socket!r})
         held = c.lease(1 << 20)                      # leased, never sent
         s = c.stream(fps=24)
         s.write(np.zeros((4, 64, 64, 3), np.uint8))   # sent into a stream
-        print("ready", flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
+        die()
+        """,
+    "async": """
+        async def main():
+            c = AsyncSidecarClient({socket!r})
+            held = await c.lease(1 << 20)
+            s = c.stream(fps=24)
+            await s.write(np.zeros((4, 64, 64, 3), np.uint8))
+            die()
+        asyncio.run(main())
+        """,
+}
+
+
+def test_killed_client_leases_come_back_within_the_ttl(make_daemon, connect, twin: str) -> None:
+    d = make_daemon(lease_ttl=2)
+    script = textwrap.dedent(
         """
-    )
+        import asyncio, os, signal
+        import numpy as np
+        from client import AsyncSidecarClient, SidecarClient
+        def die():
+            print("ready", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        """
+    ) + textwrap.dedent(KILLED_CLIENT[twin].format(socket=d.socket))
     out = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
     )
     assert "ready" in out.stdout, out.stderr
-    with d.client() as c:
+    with connect(d) as c:
         deadline = time.monotonic() + 10
         while c.status().pool["active_leases"] and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -180,8 +230,8 @@ def test_killed_client_leases_come_back_within_the_ttl(make_daemon) -> None:
     assert status.pool["active_leases"] == 0 and status.pool["leased_bytes"] == 0
 
 
-def test_inline_transport_gives_the_same_frames(daemon: Daemon, video: np.ndarray) -> None:
-    with daemon.client() as shm, daemon.client(transport="inline") as inline:
+def test_inline_transport_gives_the_same_frames(daemon: Daemon, connect, video: np.ndarray) -> None:
+    with connect(daemon) as shm, connect(daemon, transport="inline") as inline:
         a = shm.encode(video, threads=1)
         b = inline.encode(video, threads=1)
         assert inline.inline and not shm.inline
@@ -190,58 +240,36 @@ def test_inline_transport_gives_the_same_frames(daemon: Daemon, video: np.ndarra
                 s.write(chunk)
     fa, _ = decode(a.data or b"")
     fb, _ = decode(b.data or b"")
-    fc, _ = decode(s.result.data or b"")  # type: ignore[union-attr]
+    fc, _ = decode(s.result.data or b"")
     assert np.array_equal(fa, fb) and np.array_equal(fa, fc)
 
 
-def test_inline_frames_larger_than_a_message(daemon: Daemon) -> None:
+def test_inline_frames_larger_than_a_message(daemon: Daemon, connect) -> None:
     big = moving_pattern(3, 1088, 1920)  # 6 MB frames: each spans two messages
-    with daemon.client(transport="inline") as c:
+    with connect(daemon, transport="inline") as c:
         result = c.encode(big)
     frames, _ = decode(result.data or b"")
     assert frames.shape == big.shape and psnr(frames, big) >= 40
 
 
-def test_bad_chunk_ends_the_stream_cleanly(daemon: Daemon, video: np.ndarray) -> None:
-    with daemon.client() as c:
-        with pytest.raises(InvalidArgument, match="frame_count"), c.stream(fps=24) as s:
+def test_a_chunk_refused_mid_stream_ends_it_cleanly(make_daemon, connect) -> None:
+    """The daemon refuses the stream at its second chunk (over --max-frames): the error
+    reaches the writer, the stream's leases come back, and the client carries on."""
+    d = make_daemon(max_frames=10)
+    video = moving_pattern(12, 64, 64)
+    with connect(d) as c:
+        with pytest.raises(OutOfRange, match="frames") as info, c.stream(fps=24) as s:
             s.write(video[:6])
-            lease = c.lease(1024 * 1024)
-            s._send(__import__("client._stream", fromlist=["lease_chunk"]).lease_chunk(lease, 999))
+            s.write(video[6:])  # refused by the daemon after the client sent it
             time.sleep(0.5)
-            s.write(video[6:12])
-        time.sleep(0.2)
-        c.release(lease)  # refused, so still ours
+            s.write(video[:2])  # the refusal has arrived by now: raised here, or at close
+        assert info.value.reason is Reason.OUT_OF_RANGE
+        status = wait_for_idle(c)
+        assert status.pool["active_leases"] == 0 and status.active_encodes == 0
         assert c.encode(video[:6]).frames == 6
 
 
-def test_writing_a_different_size_is_refused(client: SidecarClient, video: np.ndarray) -> None:
+def test_writing_a_different_size_is_refused(client: Any, video: np.ndarray) -> None:
     with pytest.raises(InvalidArgument, match="chunk is"), client.stream(fps=24) as s:
         s.write(video[:6])
         s.write(moving_pattern(6, 64, 64))
-
-
-def test_async_stream(daemon: Daemon, video: np.ndarray) -> None:
-    async def main() -> tuple[bytes, int]:
-        got: list[bytes] = []
-        async with AsyncSidecarClient(daemon.socket) as c:
-            async with c.stream(fps=24, container="fmp4", on_chunk=got.append) as s:
-                for chunk in chunks_of(video, 9):
-                    await s.write(chunk)
-            assert s.result is not None
-            before = (await c.status()).pool["active_leases"]
-            with pytest.raises(RuntimeError):
-                async with c.stream(fps=24) as s2:
-                    await s2.write(video[:6])
-                    raise RuntimeError("abandon")
-            for _ in range(100):
-                if (await c.status()).pool["active_leases"] <= before:
-                    break
-                await asyncio.sleep(0.05)
-            assert (await c.status()).pool["active_leases"] <= before
-            return s.result.data or b"", len(got)
-
-    data, pieces = asyncio.run(main())
-    assert pieces >= 1
-    frames, _ = decode(data)
-    assert psnr(frames, video) >= 40

@@ -1,0 +1,121 @@
+"""`encode` and `encode_leased` as steps: plan, lease, copy, ask, clean up on failure."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sidecar.api.v1 import sidecar_pb2 as pb
+
+from ._audio import Pcm, prepare_audio
+from ._core import ClientCore, copy_step, fits_in_pool, plan_ranges
+from ._options import EncodeOptions, VideoFormat, VideoGeometry
+from ._results import Clock, ResultBuilder
+from ._steps import Replies, Steps, Work
+from ._stream import StreamCore
+from ._types import EncodeResult, FrameRange, Lease
+from ._video import VideoSource
+
+ProgressCallback = Callable[[int, int], None]
+
+
+def encode(
+    core: ClientCore,
+    video: Any,
+    options: EncodeOptions,
+    fmt: VideoFormat,
+    audio: Any,
+    sample_rate: int | None,
+    on_progress: ProgressCallback | None,
+    timeout: float | None,
+) -> Steps[EncodeResult]:
+    clock = Clock()
+    source = core.prepare(video, fmt)
+    pcm = prepare_audio(audio, sample_rate) if audio is not None else None
+    att = yield from core.attach()
+    plan = plan_ranges(source.frames, source.frame_bytes, att)
+    if core.inline or not fits_in_pool(plan, source.frame_bytes, att):
+        # Larger than the pool lets one request hold, or no shared memory: stream it,
+        # each lease freed as soon as its frames are encoded.
+        stream = StreamCore(
+            core, options, fmt, audio=pcm, on_progress=on_progress, timeout=timeout, clock=clock
+        )
+        return (yield from stream.whole(source))
+    return (
+        yield from core.reattached(
+            lambda: _encode_source(core, source, options, pcm, clock, on_progress, timeout)
+        )
+    )
+
+
+def _encode_source(
+    core: ClientCore,
+    source: VideoSource,
+    options: EncodeOptions,
+    pcm: Pcm | None,
+    clock: Clock,
+    on_progress: ProgressCallback | None,
+    timeout: float | None,
+) -> Steps[EncodeResult]:
+    att = yield from core.attach()
+    plan = plan_ranges(source.frames, source.frame_bytes, att)
+    single = len(plan) == 1  # small requests reuse the spare lease and ask for the next
+    leases: list[Lease] = []
+    try:
+        ranges = []
+        for first, count in plan:
+            with clock.leasing():
+                lease = yield from core.lease_for(count * source.frame_bytes, single)
+            leases.append(lease)
+            with clock.copying():
+                yield copy_step(source, lease.array, first, count)
+            ranges.append(FrameRange(lease, count))
+        with clock.copying():
+            yield Work(source.finish, long=True)
+        clock.transferred()
+        audio_data = (yield from core.audio_data(pcm, leases.append)) if pcm is not None else None
+        request = options.request(
+            att.client_token,
+            VideoGeometry(source.width, source.height, source.pixel_format),
+            ranges,
+            next_lease_bytes=source.frames * source.frame_bytes if single else 0,
+            audio=pcm.spec() if pcm is not None else None,
+            audio_data=audio_data,
+        )
+        return (yield from _call_encode(core, request, clock, on_progress, timeout))
+    except GeneratorExit:
+        raise
+    except BaseException:
+        # The daemon frees leases it took; ones it refused go back now.
+        yield from core.give_back(leases)
+        raise
+
+
+def encode_leased(
+    core: ClientCore,
+    ranges: Sequence[FrameRange],
+    frames: VideoGeometry,
+    options: EncodeOptions,
+    on_progress: ProgressCallback | None,
+    timeout: float | None,
+) -> Steps[EncodeResult]:
+    clock = Clock()
+    att = yield from core.attach()
+    request = options.request(att.client_token, frames, ranges)
+    return (yield from _call_encode(core, request, clock, on_progress, timeout))
+
+
+def _call_encode(
+    core: ClientCore,
+    request: pb.EncodeRequest,
+    clock: Clock,
+    on_progress: ProgressCallback | None,
+    timeout: float | None,
+) -> Steps[EncodeResult]:
+    builder = ResultBuilder(on_progress)
+    asked_at = time.monotonic()
+    yield Replies(request, timeout or core.timeout, builder.feed)
+    clock.stop()
+    yield from core.keep_spare(builder.next_lease, asked_at)
+    return builder.result(clock)

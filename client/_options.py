@@ -1,0 +1,171 @@
+"""What an encode asks for besides the frames, and the request messages built from it.
+
+`EncodeOptions` is the parameter set `encode`, `stream` and `encode_leased` share, defined
+once here and built by one function, `EncodeOptions.of`. The public methods list the same
+parameters explicitly (for signatures, IDEs and mypy); tests/test_api.py checks that they
+agree with these fields: names, defaults and types.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, cast
+
+from sidecar.api.v1 import sidecar_pb2 as pb
+from sidecar.vocabulary import CONTAINERS, PIXEL_FORMATS
+
+from ._errors import InvalidArgument
+from ._types import FrameRange
+
+Fps = float | Fraction | tuple[int, int]
+
+
+def new_request_id() -> str:
+    return secrets.token_hex(8)
+
+
+@dataclass(frozen=True)
+class EncodeOptions:
+    """Everything about an encode except the frames; see `SidecarClient.encode`."""
+
+    fps: Fps = 24
+    path: str | None = None
+    overwrite: bool = False
+    container: str = "mp4"  # mp4, fmp4 (fragmented, streamed back) or webm
+    codec: str = ""  # empty: the container's default (h264, or vp9 in WebM)
+    crf: int | None = None
+    preset: str | None = None
+    gop: int | None = None
+    threads: int = 0
+    extra: Mapping[str, Any] | None = None
+    request_id: str = ""  # empty: one made up here, so a retried request keeps its id
+
+    @classmethod
+    def of(cls, arguments: Mapping[str, Any]) -> EncodeOptions:
+        """The options among a public method's arguments (its `locals()` on entry)."""
+        return cls(**{f.name: arguments[f.name] for f in dataclasses.fields(cls)})
+
+    def __post_init__(self) -> None:
+        if not self.request_id:
+            object.__setattr__(self, "request_id", new_request_id())
+
+    def request(
+        self,
+        token: str,
+        frames: VideoGeometry,
+        ranges: Sequence[FrameRange],
+        *,
+        next_lease_bytes: int = 0,
+        audio: pb.AudioSpec | None = None,
+        audio_data: list[pb.AudioData] | None = None,
+    ) -> pb.EncodeRequest:
+        """An Encode request for frames already in leases."""
+        return pb.EncodeRequest(
+            client_token=token,
+            request_id=self.request_id,
+            video=pb.VideoDescriptor(
+                width=frames.width,
+                height=frames.height,
+                pixel_format=pixel_format_proto(frames.pixel_format),
+                fps=fps_rational(self.fps),
+                ranges=[
+                    pb.FrameRange(
+                        lease_id=r.lease_id,
+                        offset=r.offset,
+                        frame_count=r.frame_count,
+                        row_stride=r.row_stride,
+                        frame_stride=r.frame_stride,
+                    )
+                    for r in ranges
+                ],
+            ),
+            codec=self.codec_proto(),
+            output=self.output_proto(),
+            next_lease_bytes=next_lease_bytes,
+            audio=audio,
+            audio_data=audio_data or [],
+        )
+
+    def header(
+        self,
+        token: str,
+        frames: VideoGeometry,
+        audio: pb.AudioSpec | None = None,
+        audio_data: list[pb.AudioData] | None = None,
+    ) -> pb.StreamRequest:
+        """The first message of a stream."""
+        return pb.StreamRequest(
+            header=pb.StreamHeader(
+                client_token=token,
+                request_id=self.request_id,
+                width=frames.width,
+                height=frames.height,
+                pixel_format=pixel_format_proto(frames.pixel_format),
+                fps=fps_rational(self.fps),
+                codec=self.codec_proto(),
+                output=self.output_proto(),
+                audio=audio,
+                audio_data=audio_data or [],
+            )
+        )
+
+    def codec_proto(self) -> pb.CodecOptions:
+        options = pb.CodecOptions(
+            codec=self.codec,
+            preset=self.preset or "",
+            threads=self.threads,
+            extra={str(k): str(v) for k, v in (self.extra or {}).items()},
+        )
+        if self.crf is not None:
+            options.crf = self.crf
+        if self.gop is not None:
+            options.gop = self.gop
+        return options
+
+    def output_proto(self) -> pb.OutputSpec:
+        value = CONTAINERS.get(self.container)
+        if value is None:
+            raise InvalidArgument(f"container {self.container!r}: use {', '.join(CONTAINERS)}")
+        container = cast("pb.Container", value)
+        if self.path is not None:
+            return pb.OutputSpec(
+                file=pb.FileOutput(path=self.path, overwrite=self.overwrite), container=container
+            )
+        return pb.OutputSpec(bytes=pb.BytesOutput(), container=container)
+
+
+@dataclass(frozen=True)
+class VideoGeometry:
+    """The size and wire format of every frame of one request."""
+
+    width: int
+    height: int
+    pixel_format: str
+
+
+@dataclass(frozen=True)
+class VideoFormat:
+    """How to read the caller's frames: see `prepare_video`."""
+
+    pixel_format: str | None = None
+    layout: str | None = None
+    value_range: tuple[float, float] = (0, 1)
+
+
+def pixel_format_proto(name: str) -> pb.PixelFormat:
+    """The proto value of a pixel format; an unknown name is left for the daemon to refuse."""
+    known = PIXEL_FORMATS.get(name)
+    return cast("pb.PixelFormat", known.proto if known is not None else 0)
+
+
+def fps_rational(fps: Fps) -> pb.Rational:
+    if isinstance(fps, tuple):
+        num, den = fps
+    else:
+        rate = Fraction(fps).limit_denominator(1001 * 1000)
+        num, den = rate.numerator, rate.denominator
+    return pb.Rational(num=num, den=den)

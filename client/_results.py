@@ -1,0 +1,174 @@
+"""From the daemon's replies to the client's result types, with the client's own timings."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+
+from sidecar.api.v1 import sidecar_pb2 as pb
+
+from ._errors import ServerError
+from ._slabs import SlabInfo
+from ._types import Attachment, EncodeResult, Status, Timings
+
+
+class Clock:
+    """The client's stages of one call, in milliseconds (see `Timings`)."""
+
+    def __init__(self, started: float | None = None) -> None:
+        self.started = time.perf_counter() if started is None else started
+        self.lease_ms = 0.0
+        self.copy_ms = 0.0
+        self.transfer_ms = 0.0
+        self._transfer_began: float | None = None
+        self._stopped: float | None = None
+
+    @contextlib.contextmanager
+    def leasing(self) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.lease_ms += (time.perf_counter() - t0) * 1e3
+
+    @contextlib.contextmanager
+    def copying(self) -> Iterator[None]:
+        """Around a copy into a lease (or a wait for one to land); the first one of a
+        transfer starts it."""
+        t0 = time.perf_counter()
+        if self._transfer_began is None:
+            self._transfer_began = t0
+        try:
+            yield
+        finally:
+            self.copy_ms += (time.perf_counter() - t0) * 1e3
+
+    def transferred(self) -> None:
+        """Every frame of the transfer is in the leases."""
+        if self._transfer_began is not None:
+            self.transfer_ms += (time.perf_counter() - self._transfer_began) * 1e3
+            self._transfer_began = None
+
+    def stop(self) -> None:
+        """The call is over for the caller (what follows is bookkeeping)."""
+        self._stopped = time.perf_counter()
+
+    def total_ms(self) -> float:
+        ended = time.perf_counter() if self._stopped is None else self._stopped
+        return (ended - self.started) * 1e3
+
+
+class ResultBuilder:
+    """Consumes an Encode reply stream; `result()` assembles the EncodeResult."""
+
+    def __init__(self, on_progress: Callable[[int, int], None] | None = None) -> None:
+        self._on_progress = on_progress
+        self._chunks: list[bytes] = []
+        self._received = 0
+        self._result: pb.EncodeResult | None = None
+        self.next_lease: pb.LeaseResponse | None = None
+
+    def feed(self, event: pb.EncodeEvent) -> bytes | None:
+        """Take one reply; returns the bytes of an output chunk, if it was one."""
+        kind = event.WhichOneof("event")
+        if kind == "progress":
+            if self._on_progress is not None:
+                self._on_progress(event.progress.frames_done, event.progress.frames_total)
+        elif kind == "chunk":
+            if event.chunk.offset != self._received:
+                raise ServerError(
+                    f"output chunk at {event.chunk.offset}, expected {self._received}"
+                )
+            self._chunks.append(event.chunk.data)
+            self._received += len(event.chunk.data)
+            return event.chunk.data
+        elif kind == "result":
+            self._result = event.result
+            if event.result.HasField("next_lease"):
+                self.next_lease = event.result.next_lease
+            if self._on_progress is not None:
+                self._on_progress(event.result.frames, event.result.frames)
+        return None
+
+    def result(self, clock: Clock) -> EncodeResult:
+        r = self._result
+        if r is None:
+            raise ServerError("the daemon ended the encode without a result")
+        data = b"".join(self._chunks) if not r.path else None
+        if data is not None and len(data) != r.size_bytes:
+            raise ServerError(f"received {len(data)} bytes, the daemon reported {r.size_bytes}")
+        t = r.timings
+        timings = Timings(
+            lease_ms=clock.lease_ms,
+            copy_ms=clock.copy_ms,
+            queue_ms=t.queue_ms,
+            validate_ms=t.validate_ms,
+            open_ms=t.open_ms,
+            convert_ms=t.convert_ms,
+            encode_ms=t.encode_ms,
+            mux_ms=t.mux_ms,
+            finalize_ms=t.finalize_ms,
+            daemon_ms=t.total_ms,
+            transfer_ms=clock.transfer_ms,
+            total_ms=clock.total_ms(),
+        )
+        return EncodeResult(
+            data=data,
+            path=r.path or None,
+            frames=r.frames,
+            duration=r.duration_s,
+            width=r.width,
+            height=r.height,
+            codec=r.codec,
+            container=r.container,
+            size_bytes=r.size_bytes,
+            request_id=r.request_id,
+            timings=timings,
+            audio_samples=r.audio_samples,
+        )
+
+
+def attachment_from_proto(resp: pb.AttachResponse) -> Attachment:
+    lim = resp.limits
+    return Attachment(
+        client_token=resp.client_token,
+        instance_id=resp.instance_id,
+        shm_dir=resp.shm_dir,
+        slabs=tuple(SlabInfo(s.id, s.shm_name, s.size) for s in resp.slabs),
+        max_lease_bytes=lim.max_lease_bytes,
+        alignment=lim.alignment or 1,
+        max_frames=lim.max_frames,
+        max_width=lim.max_width,
+        max_height=lim.max_height,
+        lease_ttl=lim.lease_ttl_ms / 1e3,
+        max_lease_wait=lim.max_lease_wait_ms / 1e3,
+        server_version=resp.server_version,
+    )
+
+
+def status_from_proto(resp: pb.StatusResponse) -> Status:
+    def as_dict(message: Any) -> dict[str, Any]:
+        return MessageToDict(  # type: ignore[no-any-return]
+            message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+        )
+
+    counters = as_dict(resp.counters)
+    counters = {
+        k: (int(v) if isinstance(v, str) and v.isdigit() else v) for k, v in counters.items()
+    }
+    counters["errors"] = {k: int(v) for k, v in resp.counters.errors.items()}
+    return Status(
+        server_version=resp.server_version,
+        instance_id=resp.instance_id,
+        uptime_s=resp.uptime_s,
+        pool={k: int(v) for k, v in as_dict(resp.pool).items()},
+        active_encodes=resp.active_encodes,
+        queued_encodes=resp.queued_encodes,
+        max_concurrent_encodes=resp.max_concurrent_encodes,
+        clients=resp.clients,
+        counters=counters,
+    )

@@ -1,0 +1,159 @@
+"""The client's I/O-free core, driven by a scripted transport instead of a daemon.
+
+These reach into the client's private modules on purpose: they test the core both public
+clients run on, through both ways of running it, without a network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import pytest
+
+from client import FailedPrecondition, NotFound, Reason
+from client._core import ClientCore
+from client._errors import error_for
+from client._steps import Call, Exclusive, Op, Steps, run_awaiting, run_blocking
+from sidecar.api.v1 import sidecar_pb2 as pb
+
+Answers = Callable[[], Callable[[Call], Any]]
+
+
+def run_both(steps: Callable[[], Steps[Any]], answers: Answers) -> list[list[str]]:
+    """Run fresh `steps` blocking, then awaiting, each against fresh `answers`; the RPCs
+    each run made, in order."""
+    made: list[list[str]] = []
+    answer: Callable[[Call], Any]
+
+    def blocking(op: Op) -> Any:
+        if isinstance(op, Exclusive):
+            return run_blocking(op.steps, blocking)
+        assert isinstance(op, Call)
+        made[-1].append(op.method)
+        return answer(op)
+
+    async def awaiting(op: Op) -> Any:
+        if isinstance(op, Exclusive):
+            return await run_awaiting(op.steps, awaiting)
+        assert isinstance(op, Call)
+        made[-1].append(op.method)
+        await asyncio.sleep(0)
+        return answer(op)
+
+    made.append([])
+    answer = answers()
+    run_blocking(steps(), blocking)
+    made.append([])
+    answer = answers()
+    asyncio.run(run_awaiting(steps(), awaiting))
+    return made
+
+
+def refusing(*refusals: Exception) -> Answers:
+    """Attach always works; Status calls raise `refusals` in turn, then answer."""
+
+    def answers() -> Callable[[Call], Any]:
+        left = list(refusals)
+
+        def answer(call: Call) -> Any:
+            if call.method == "Attach":
+                return pb.AttachResponse(client_token="t" * 32, instance_id="i")
+            if left:
+                raise left.pop(0)
+            return pb.StatusResponse(server_version="test")
+
+        return answer
+
+    return answers
+
+
+def core() -> ClientCore:
+    return ClientCore(
+        "unix:/nowhere.sock", client_name="t", timeout=None, lease_wait=1.0, transport="inline"
+    )
+
+
+def test_an_unknown_token_is_attached_anew_once_and_the_call_retried() -> None:
+    def steps() -> Steps[Any]:
+        c = core()
+        yield from c.attach()
+        return (yield from c.reattached(c.status))
+
+    not_attached = FailedPrecondition("unknown token", reason=Reason.NOT_ATTACHED)
+    made = run_both(steps, refusing(not_attached))
+    assert made == [["Attach", "Status", "Attach", "Status"]] * 2
+
+
+def test_other_refusals_are_not_retried() -> None:
+    busy = error_for(grpc.StatusCode.FAILED_PRECONDITION, "busy", Reason.LEASE_BUSY)
+
+    def steps() -> Steps[Any]:
+        c = core()
+        with pytest.raises(FailedPrecondition) as info:
+            yield from c.reattached(c.status)
+        assert info.value.reason is Reason.LEASE_BUSY
+        return None
+
+    assert run_both(steps, refusing(busy)) == [["Status"]] * 2
+
+
+def test_grpc_errors_reach_the_steps_translated() -> None:
+    class Refused(grpc.RpcError):
+        def code(self) -> grpc.StatusCode:
+            return grpc.StatusCode.NOT_FOUND
+
+        def details(self) -> str:
+            return "no such lease"
+
+        def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+            return (("video-sidecar-error", "LEASE_NOT_FOUND"),)
+
+    def steps() -> Steps[Any]:
+        c = core()
+        yield from c.attach()
+        yield from c.release("0" * 32)  # NotFound is not an error for a release
+        with pytest.raises(NotFound) as info:
+            yield from c.status()
+        assert info.value.code is grpc.StatusCode.NOT_FOUND
+        assert info.value.reason is Reason.LEASE_NOT_FOUND
+        return None
+
+    def answer(call: Call) -> Any:
+        if call.method == "Attach":
+            return pb.AttachResponse(client_token="t" * 32, instance_id="i")
+        raise Refused()
+
+    assert run_both(steps, lambda: answer) == [["Attach", "Release", "Status"]] * 2
+
+
+def test_calls_refused_together_attach_anew_once() -> None:
+    """After a daemon restart, every call in flight finds its token unknown: one of them
+    attaches again, the others take that attachment."""
+    c = core()
+    lock = asyncio.Lock()
+    made: list[str] = []
+
+    async def perform(op: Op) -> Any:
+        if isinstance(op, Exclusive):
+            async with lock:
+                return await run_awaiting(op.steps, perform)
+        assert isinstance(op, Call)
+        made.append(op.method)
+        await asyncio.sleep(0.01)
+        if op.method == "Attach":
+            return pb.AttachResponse(client_token=f"{made.count('Attach')}" * 32)
+        if made.count("Status") <= 3:
+            raise FailedPrecondition("unknown token", reason=Reason.NOT_ATTACHED)
+        return pb.StatusResponse()
+
+    async def main() -> None:
+        await run_awaiting(c.attach(), perform)
+        calls = [run_awaiting(c.reattached(c.status), perform) for _ in range(3)]
+        await asyncio.gather(*calls)
+
+    asyncio.run(main())
+    assert made.count("Attach") == 2 and made.count("Status") == 6
+    assert c.attachment is not None and c.attachment.client_token == "2" * 32
