@@ -1,4 +1,8 @@
-"""Command line: `video-sidecar serve | demo | status | health | config | encode | bench`."""
+"""Command line: `video-sidecar serve | demo | status | health | config | encode | bench`.
+
+Every command answers a problem with one line on stderr and a non-zero status: 2 for a
+usage or input problem, 1 for a failure, 130 for Ctrl-C. Only `__main__` exits.
+"""
 
 from __future__ import annotations
 
@@ -8,77 +12,42 @@ import logging
 import os
 import sys
 
-from . import __version__, logs
-from .config import Config, default_socket, format_size
+from . import logs
+from .cli_args import build_parser, join_negative_values
+from .config import Config
+from .config_values import default_socket, format_size, socket_path
 from .errors import StartupError
 
 log = logging.getLogger("sidecar")
 
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="video-sidecar",
-        description="Video-output daemon for GPU generation servers.",
-    )
-    parser.add_argument("--version", action="version", version=f"video-sidecar {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    serve = commands.add_parser("serve", help="run the daemon")
-    Config.add_config_argument(serve)
-    Config.add_arguments(serve)
-
-    config = commands.add_parser(
-        "config", help="print the effective configuration, and where each value comes from"
-    )
-    Config.add_config_argument(config)
-    Config.add_arguments(config)
-    config.add_argument("--json", action="store_true", help="print JSON")
-
-    socket_help = "daemon socket [env VIDEO_SIDECAR_SOCKET]"
-    demo = commands.add_parser(
-        "demo", help="encode a generated video end to end (starts a daemon if needed)"
-    )
-    demo.add_argument("--socket", help=socket_help)
-    demo.add_argument("--frames", type=int, default=122)
-    demo.add_argument("--width", type=int, default=1344)
-    demo.add_argument("--height", type=int, default=768)
-    demo.add_argument("--fps", type=float, default=24.0)
-    demo.add_argument("--output", default="", help="path under the output root")
-
-    status = commands.add_parser("status", help="show pool occupancy, encodes and counters")
-    status.add_argument("--socket", help=socket_help)
-    status.add_argument("--json", action="store_true", help="print JSON")
-
-    health = commands.add_parser(
-        "health", help="exit 0 if the daemon answers SERVING (for probes and HEALTHCHECK)"
-    )
-    health.add_argument("--socket", help=socket_help)
-    health.add_argument("--timeout", type=float, default=5.0)
-
-    encode = commands.add_parser("encode", help="encode a .npy video (frames as uint8 or float)")
-    encode.add_argument("source", metavar="FILE.npy")
-    encode.add_argument("-o", "--output", default="", help="local file to write (FILE.mp4)")
-    encode.add_argument("--socket", help=socket_help)
-    encode.add_argument("--fps", type=float, default=24.0)
-    encode.add_argument("--codec", default="", help="h264 (default), h265, av1, vp9 (webm)")
-    encode.add_argument("--crf", type=int)
-    encode.add_argument("--preset")
-    encode.add_argument("--pixel-format", help="rgb24 (default), yuv420p, nv12, ...")
-    encode.add_argument("--layout", help="THWC, TCHW, CTHW or BCTHW")
-    encode.add_argument("--value-range", default="0,1", help="for floats: 0,1 or -1,1")
-    encode.add_argument("--container", default="mp4", choices=["mp4", "fmp4", "webm"])
-    encode.add_argument("--audio", default="", metavar="PCM.npy", help="(samples, channels)")
-    encode.add_argument("--sample-rate", type=int)
-
-    bench = commands.add_parser(
-        "bench", help="run the benchmark (python -m bench) from a source checkout"
-    )
-    bench.add_argument("args", nargs="*", help="arguments for python -m bench (see its --help)")
-    return parser
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 
 def _socket(arg: str | None) -> str:
-    return arg or os.environ.get("VIDEO_SIDECAR_SOCKET") or default_socket()
+    """The daemon's address: a Unix socket path made absolute (a bare `name` is a file
+    here, not a host), or a network target as given (`HOST:PORT`)."""
+    target = arg or os.environ.get(Config.env_name("socket")) or default_socket()
+    return socket_path(target) or target
+
+
+def _unreachable(socket: str, exc: Exception, timeout: float) -> str:
+    """One line for a daemon that did not answer: no raw gRPC text unless it helps."""
+    from client import DeadlineExceeded, SidecarUnavailable
+
+    if socket_path(socket) is None:  # a network target
+        start = f"video-sidecar serve --tcp {socket}"
+    elif socket == default_socket():
+        start = "video-sidecar serve"
+    else:
+        start = f"video-sidecar serve --socket {socket}"
+    if isinstance(exc, SidecarUnavailable):
+        return (
+            f"no daemon answers at {socket} (none runs there, or it is shutting down); "
+            f"start one with `{start}`"
+        )
+    if isinstance(exc, DeadlineExceeded):
+        return f"the daemon at {socket} did not answer within {timeout:g}s"
+    return f"the daemon at {socket} failed: {type(exc).__name__}: {exc}"
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -110,6 +79,8 @@ def demo(args: argparse.Namespace) -> int:
             height=args.height,
             fps=args.fps,
             output=args.output,
+            overwrite=args.overwrite,
+            shm_prefix=args.shm_prefix,
         )
     )
 
@@ -117,11 +88,12 @@ def demo(args: argparse.Namespace) -> int:
 def status(args: argparse.Namespace) -> int:
     from client import SidecarClient, SidecarError
 
+    socket = _socket(args.socket)
     try:
-        with SidecarClient(_socket(args.socket)) as client:
+        with SidecarClient(socket, timeout=args.timeout) as client:
             report = client.status()
     except SidecarError as exc:
-        print(f"video-sidecar: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"video-sidecar: {_unreachable(socket, exc, args.timeout)}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(report.as_dict(), indent=2, sort_keys=True))
@@ -167,11 +139,12 @@ def config(args: argparse.Namespace) -> int:
 def health(args: argparse.Namespace) -> int:
     from client import SidecarClient, SidecarError
 
+    socket = _socket(args.socket)
     try:
-        with SidecarClient(_socket(args.socket), timeout=args.timeout) as client:
+        with SidecarClient(socket, timeout=args.timeout) as client:
             state = client.health()
     except SidecarError as exc:
-        print(f"unreachable: {exc}", file=sys.stderr)
+        print(f"video-sidecar: {_unreachable(socket, exc, args.timeout)}", file=sys.stderr)
         return 1
     print(state)
     return 0 if state == "SERVING" else 1
@@ -180,12 +153,11 @@ def health(args: argparse.Namespace) -> int:
 def encode(args: argparse.Namespace) -> int:
     from .tool import EncodeCommand, run
 
-    logs.configure("warning")
-    try:
-        low, high = (float(v) for v in args.value_range.split(","))
-    except ValueError:
-        print("video-sidecar: --value-range takes LOW,HIGH, e.g. -1,1", file=sys.stderr)
+    if args.audio and args.sample_rate is None:
+        print("video-sidecar: --audio needs --sample-rate HZ", file=sys.stderr)
         return 2
+    container = args.container or ("webm" if args.output.lower().endswith(".webm") else "mp4")
+    logs.configure("warning")
     return run(
         EncodeCommand(
             source=args.source,
@@ -197,10 +169,12 @@ def encode(args: argparse.Namespace) -> int:
             preset=args.preset,
             pixel_format=args.pixel_format,
             layout=args.layout,
-            value_range=(low, high),
-            container=args.container,
+            value_range=(args.value_range.low, args.value_range.high),
+            container=container,
             audio=args.audio,
             sample_rate=args.sample_rate,
+            overwrite=args.overwrite,
+            shm_prefix=args.shm_prefix,
         )
     )
 
@@ -233,7 +207,27 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["bench"]:  # everything after it belongs to the benchmark
-        return bench(argparse.Namespace(args=argv[1:]))
-    args = build_parser().parse_args(argv)
-    return COMMANDS[args.command](args)
+    try:
+        if argv[:1] == ["bench"]:  # everything after it belongs to the benchmark
+            return bench(argparse.Namespace(args=argv[1:]))
+        try:
+            argv = join_negative_values(Config.compat_bool_args(argv))
+        except ValueError as exc:
+            print(f"video-sidecar: {exc}", file=sys.stderr)
+            return 2
+        args = build_parser().parse_args(argv)
+        code = COMMANDS[args.command](args)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at interpreter exit
+        return code
+    except KeyboardInterrupt:
+        # Whatever was running cleaned up on the way out (an auto-started daemon too).
+        end_line = "\n" if sys.stderr.isatty() else ""  # after the terminal's ^C
+        print(f"{end_line}video-sidecar: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (`video-sidecar status | head -1`): not worth a word.
+        # Point stdout at /dev/null so that the interpreter's final flush fails silently.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 1

@@ -15,85 +15,38 @@ import argparse
 import dataclasses
 import os
 import re
-import sys
-import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ENV_PREFIX = "VIDEO_SIDECAR_"
-
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.I)
-_SIZE_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
-
-
-def parse_size(text: str) -> int:
-    """Parse a byte size: `67108864`, `64M`, `64MiB`, `1.5G`. Units are powers of 1024."""
-    match = _SIZE_RE.match(str(text))
-    if not match:
-        raise ValueError(f"not a size: {text!r} (examples: 64MiB, 1G, 4096)")
-    number, unit, _ = match.groups()
-    return int(float(number) * 1024 ** _SIZE_POWERS[unit.lower()])
-
-
-def format_size(n: int) -> str:
-    """Human-readable binary size: 67108864 -> '64MiB'."""
-    for unit, power in (("TiB", 4), ("GiB", 3), ("MiB", 2), ("KiB", 1)):
-        scale = 1024**power
-        if n >= scale:
-            return f"{n / scale:.4g}{unit}"
-    return f"{n}B"
-
-
-def parse_bool(text: str) -> bool:
-    value = str(text).strip().lower()
-    if value in {"1", "true", "yes", "on"}:
-        return True
-    if value in {"0", "false", "no", "off", ""}:
-        return False
-    raise ValueError(f"not a boolean: {text!r}")
-
-
-def cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def runtime_dir() -> Path:
-    """Where a user's sockets live: $XDG_RUNTIME_DIR, else a private dir in the temp dir."""
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    if xdg and os.path.isdir(xdg):
-        return Path(xdg) / "video-sidecar"
-    return Path(tempfile.gettempdir()) / f"video-sidecar-{os.getuid()}"
-
-
-def default_socket() -> str:
-    return str(runtime_dir() / "sidecar.sock")
-
-
-def default_output_dir() -> str:
-    data = os.environ.get("XDG_DATA_HOME") or os.path.join(
-        os.path.expanduser("~"), ".local", "share"
-    )
-    return str(Path(data) / "video-sidecar" / "outputs")
-
-
-def default_shm_prefix() -> str:
-    return f"video-sidecar-{os.getuid()}"
-
-
-def default_concurrency() -> int:
-    # Several encodes with few threads each beat one wide encode on throughput.
-    return max(1, min(8, cpu_count() // 2))
+from .config_values import (
+    ENV_PREFIX,
+    FALSE_WORDS,
+    TRUE_WORDS,
+    argument_type,
+    default_concurrency,
+    default_output_dir,
+    default_shm_prefix,
+    default_socket,
+    format_size,
+    parse_bool,
+    parse_float,
+    parse_int,
+    parse_size,
+    read_toml,
+)
 
 
 def _opt(
-    help: str, parse: Callable[[str], Any] = str, metavar: str | None = None
+    help: str,
+    parse: Callable[[str], Any] = str,
+    metavar: str | None = None,
+    shown: str | None = None,
 ) -> dict[str, Any]:
-    return {"help": help, "parse": parse, "metavar": metavar}
+    """A field's flag: help text, parser of its text form, and how `--help` shows its
+    default when the value itself would mislead (it depends on the machine)."""
+    return {"help": help, "parse": parse, "metavar": metavar, "shown": shown}
 
 
 @dataclass(frozen=True)
@@ -128,44 +81,57 @@ class Config:
     )
     shm_prefix: str = field(
         default_factory=default_shm_prefix,
-        metadata=_opt("name prefix of this instance's slabs; one daemon per prefix"),
+        metadata=_opt(
+            "name prefix of this instance's slabs; one daemon per prefix", metavar="NAME"
+        ),
     )
     shm_group: str = field(
         default="",
-        metadata=_opt("group allowed to map the slabs and use the socket (mode 0660)"),
+        metadata=_opt(
+            "group allowed to map the slabs and use the socket (mode 0660)", metavar="GROUP"
+        ),
     )
-    slabs: int = field(default=8, metadata=_opt("number of shared-memory slabs", int, "N"))
+    slabs: int = field(default=8, metadata=_opt("number of shared-memory slabs", parse_int, "N"))
     slab_size: int = field(
         default=64 * 1024 * 1024,
         metadata=_opt("size of each slab; also the largest single lease", parse_size, "SIZE"),
     )
     max_concurrent_encodes: int = field(
         default_factory=default_concurrency,
-        metadata=_opt("encodes that run at once; more wait in a queue", int, "N"),
+        metadata=_opt(
+            "encodes that run at once; more wait in a queue",
+            parse_int,
+            "N",
+            shown=f"cores / 2, at most 8: {default_concurrency()} here",
+        ),
     )
     encoder_threads: int = field(
         default=0,
-        metadata=_opt("threads per encode; 0 shares the cores among running encodes", int, "N"),
+        metadata=_opt(
+            "threads per encode; 0 shares the cores among running encodes", parse_int, "N"
+        ),
     )
     warm_encoders: int = field(
         default=2,
         metadata=_opt(
             "encoders opened ahead of time for recently served short-clip settings; 0: off",
-            int,
+            parse_int,
             "N",
         ),
     )
     lease_ttl: float = field(
         default=30.0,
-        metadata=_opt("seconds an unused lease lives before it is reclaimed", float, "SECONDS"),
+        metadata=_opt(
+            "seconds an unused lease lives before it is reclaimed", parse_float, "SECONDS"
+        ),
     )
     max_lease_wait: float = field(
         default=30.0,
-        metadata=_opt("longest a Lease call may wait for room", float, "SECONDS"),
+        metadata=_opt("longest a Lease call may wait for room", parse_float, "SECONDS"),
     )
-    max_frames: int = field(default=100_000, metadata=_opt("frames per request", int, "N"))
-    max_width: int = field(default=8192, metadata=_opt("frame width limit", int, "PIXELS"))
-    max_height: int = field(default=8192, metadata=_opt("frame height limit", int, "PIXELS"))
+    max_frames: int = field(default=100_000, metadata=_opt("frames per request", parse_int, "N"))
+    max_width: int = field(default=8192, metadata=_opt("frame width limit", parse_int, "PIXELS"))
+    max_height: int = field(default=8192, metadata=_opt("frame height limit", parse_int, "PIXELS"))
     max_request_bytes: int = field(
         default=64 * 1024**3,
         metadata=_opt("raw bytes per request", parse_size, "SIZE"),
@@ -177,9 +143,11 @@ class Config:
     )  # fmt: skip
     shutdown_grace: float = field(
         default=30.0,
-        metadata=_opt("seconds in-flight encodes get to finish on SIGTERM", float, "SECONDS"),
+        metadata=_opt("seconds in-flight encodes get to finish on SIGTERM", parse_float, "SECONDS"),
     )
-    log_level: str = field(default="info", metadata=_opt("debug, info, warning or error"))
+    log_level: str = field(
+        default="info", metadata=_opt("debug, info, warning or error", metavar="LEVEL")
+    )
     log_json: bool = field(default=False, metadata=_opt("log JSON lines", parse_bool, "BOOL"))
 
     def __post_init__(self) -> None:
@@ -230,17 +198,53 @@ class Config:
         return "--" + name.replace("_", "-")
 
     @classmethod
+    def bool_fields(cls) -> frozenset[str]:
+        # Annotations are strings here (from __future__ import annotations).
+        return frozenset(f.name for f in dataclasses.fields(cls) if f.type in ("bool", bool))
+
+    @classmethod
+    def default_text(cls, f: dataclasses.Field[Any]) -> str:
+        """A field's default as `--help` shows it."""
+        if f.metadata["shown"]:
+            return str(f.metadata["shown"])
+        factory: Any = f.default_factory
+        value: Any = factory() if factory is not dataclasses.MISSING else f.default
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if value == "":
+            return "none"
+        if f.metadata["parse"] is parse_size:
+            return format_size(value)
+        return str(value)
+
+    @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        """Add one flag per field; defaults stay None so unset flags fall through."""
+        """Add one flag per field; defaults stay None so unset flags fall through.
+
+        A boolean is a bare flag with a `--no-` form (`--insecure`, `--no-insecure`);
+        `compat_bool_args` turns the older `--insecure true` into that before parsing."""
+        bools = cls.bool_fields()
         for f in dataclasses.fields(cls):
             meta = f.metadata
+            # argparse %-formats help: a '%' in a default (a path, say) must be doubled.
+            shown = cls.default_text(f).replace("%", "%%")
+            help_text = f"{meta['help']} [default: {shown}; env {cls.env_name(f.name)}]"
+            if f.name in bools:
+                parser.add_argument(
+                    cls.flag_name(f.name),
+                    dest=f.name,
+                    default=None,
+                    action=argparse.BooleanOptionalAction,
+                    help=help_text,
+                )
+                continue
             parser.add_argument(
                 cls.flag_name(f.name),
                 dest=f.name,
                 default=None,
-                type=meta["parse"],
+                type=argument_type(meta["parse"]),
                 metavar=meta["metavar"],
-                help=f"{meta['help']} [env {cls.env_name(f.name)}]",
+                help=help_text,
             )
 
     @classmethod
@@ -252,6 +256,59 @@ class Config:
             metavar="FILE",
             help=f"TOML file of settings (keys as the flags) [env {ENV_PREFIX}CONFIG]",
         )
+
+    @classmethod
+    def compat_bool_args(cls, argv: Sequence[str]) -> list[str]:
+        """Accept the older `--insecure true` / `--insecure=false` spellings of boolean
+        flags (any word `parse_bool` takes) by rewriting them as `--insecure` /
+        `--no-insecure`. A bare flag followed by anything else is left alone; ValueError
+        for `--insecure=maybe`."""
+        flags = {cls.flag_name(name) for name in cls.bool_fields()}
+        words = TRUE_WORDS | FALSE_WORDS
+        out: list[str] = []
+        i = 0
+        while i < len(argv):
+            token = argv[i]
+            if token == "--":  # everything after it is positional
+                out += argv[i:]
+                break
+            name, has_value, value = token.partition("=")
+            if name in flags:
+                if has_value:
+                    try:
+                        on = parse_bool(value)
+                    except ValueError:
+                        raise ValueError(
+                            f"{name}={value}: {name} is a bare flag (or {name} true|false); "
+                            f"use {name} or --no-{name[2:]}"
+                        ) from None
+                    token = name if on else "--no-" + name[2:]
+                elif i + 1 < len(argv) and argv[i + 1].strip().lower() in words:
+                    i += 1
+                    token = name if parse_bool(argv[i]) else "--no-" + name[2:]
+            out.append(token)
+            i += 1
+        return out
+
+    @classmethod
+    def to_args(cls, options: Mapping[str, Any]) -> list[str]:
+        """`serve` flags for settings: `{"slabs": 4, "insecure": True}` -> `--slabs 4
+        --insecure`. Booleans may also be given as text ("true", "no")."""
+        bools = cls.bool_fields()
+        args: list[str] = []
+        for key, value in options.items():
+            if value is None:
+                continue
+            name = key.replace("-", "_")
+            flag = cls.flag_name(name)
+            if name in bools:
+                on = value if isinstance(value, bool) else parse_bool(str(value))
+                args.append(flag if on else "--no-" + flag[2:])
+            elif str(value).startswith("-"):  # a negative number, say: keep it a value
+                args.append(f"{flag}={value}")
+            else:
+                args += [flag, str(value)]
+        return args
 
     @classmethod
     def load(
@@ -287,15 +344,30 @@ class Config:
                     raise ValueError(f"{cls.env_name(f.name)}: {exc}") from None
                 sources[f.name] = "env"
             elif f.name in from_file:
-                value = from_file[f.name]
-                try:
-                    values[f.name] = parse(str(value)) if not isinstance(value, bool) else value
-                except ValueError as exc:
-                    raise ValueError(f"{file}: {f.name}: {exc}") from None
+                values[f.name] = cls._from_file(f, from_file[f.name], file)
                 sources[f.name] = f"file {file}"
             else:
                 sources[f.name] = "default"
         return cls(**values), sources
+
+    @classmethod
+    def _from_file(cls, f: dataclasses.Field[Any], value: Any, file: str) -> Any:
+        """A TOML value: booleans must be TOML booleans, everything else a number or
+        a string (a size may be either: 1048576 or "1MiB")."""
+        is_bool = f.name in cls.bool_fields()
+        if is_bool != isinstance(value, bool):
+            want = "true or false (a TOML boolean)" if is_bool else "a number or a string"
+            raise ValueError(f"config file {file}: {f.name} must be {want}, not {value!r}")
+        if is_bool:
+            return value
+        if not isinstance(value, (str, int, float)):
+            raise ValueError(
+                f"config file {file}: {f.name} must be a number or a string, not {value!r}"
+            )
+        try:
+            return f.metadata["parse"](str(value))
+        except ValueError as exc:
+            raise ValueError(f"config file {file}: {f.name}: {exc}") from None
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -318,20 +390,9 @@ class Config:
 
 def read_file(path: str | Path) -> dict[str, Any]:
     """Settings from a TOML file; keys may use '_' or '-'. Unknown keys are errors."""
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - Python 3.10
-        import tomli as tomllib
-    try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except OSError as exc:
-        raise ValueError(f"cannot read config file {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"config file {path}: {exc}") from None
     known = {f.name for f in dataclasses.fields(Config)}
     settings = {}
-    for key, value in data.items():
+    for key, value in read_toml(path).items():
         name = key.replace("-", "_")
         if name not in known:
             raise ValueError(f"config file {path}: unknown setting {key!r}")

@@ -14,8 +14,8 @@ from .api.v1 import sidecar_pb2 as pb
 from .audio import AudioFormat
 from .encoder import CodecSpec
 from .errors import InvalidRequest
+from .events import Chunk, Progress
 from .frames import FrameRangeSpec
-from .jobs import Chunk, Progress
 from .leases import Lease
 from .requests import (
     AudioPiece,

@@ -1,23 +1,28 @@
 """`video-sidecar demo`: the whole path on a generated video, with stage timings.
 
 Starts a daemon with default settings when none answers on the socket (and stops it
-afterwards), pushes a moving test video through the real client, and prints where the
-MP4 went and how long each stage took.
+afterwards; its log goes to a file, see `launcher.AutoDaemon`), pushes a moving test video
+through the real client, and prints where the MP4 went and how long each stage took.
+
+The video goes to `demo/demo.mp4` under the daemon's output root, replaced on every run, so
+that runs do not pile up; `--output` names another file there, which is not replaced unless
+`--overwrite` is given, as with the client's `path=`.
 """
 
 from __future__ import annotations
 
-import os
-import secrets
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 
-from client import SidecarClient, SidecarError
+from client import AlreadyExists, SidecarClient, SidecarError
 from client.patterns import moving_pattern
 
-from .config import format_size
-from .launcher import DaemonProcess, is_serving
+from .config_values import format_size
+from .launcher import AutoDaemon, DaemonStartError, is_serving
+
+DEFAULT_OUTPUT = "demo/demo.mp4"  # one file, replaced by each run
 
 
 @dataclass(frozen=True)
@@ -28,21 +33,23 @@ class DemoOptions:
     height: int = 768
     fps: float = 24.0
     output: str = ""
+    overwrite: bool = False
+    shm_prefix: str = ""
 
 
 def run(options: DemoOptions) -> int:
-    spawned = None
-    with SidecarClient(options.socket, client_name="demo") as client:
+    spawned: AutoDaemon | None = None
+    path = options.output or DEFAULT_OUTPUT
+    # The daemon (if started here) is entered first, so it outlives the client.
+    with ExitStack() as stack:
         try:
             t0 = time.perf_counter()
             if not is_serving(options.socket):
                 print(f"starting a daemon on {options.socket}", flush=True)
-                spawned = DaemonProcess(options.socket)
-                env = {
-                    "VIDEO_SIDECAR_LOG_LEVEL": os.environ.get("VIDEO_SIDECAR_LOG_LEVEL", "warning")
-                }
-                spawned.start(env=env)
+                spawned = stack.enter_context(AutoDaemon(options.socket, options.shm_prefix))
+                print(f"  shm prefix {spawned.shm_prefix}, log {spawned.log_path}", flush=True)
             startup_ms = (time.perf_counter() - t0) * 1e3
+            client = stack.enter_context(SidecarClient(options.socket, client_name="demo"))
 
             t0 = time.perf_counter()
             video = moving_pattern(options.frames, options.height, options.width)
@@ -52,15 +59,21 @@ def run(options: DemoOptions) -> int:
             client.attach()
             attach_ms = (time.perf_counter() - t0) * 1e3
 
-            stamp = time.strftime("%Y%m%d-%H%M%S")
-            path = options.output or f"demo/demo-{stamp}-{secrets.token_hex(2)}.mp4"
-            result = client.encode(video, fps=options.fps, path=path)
-        except (SidecarError, RuntimeError) as exc:
-            print(f"demo failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            overwrite = options.overwrite or not options.output
+            result = client.encode(video, fps=options.fps, path=path, overwrite=overwrite)
+        except DaemonStartError as exc:
+            print(f"video-sidecar: demo failed: {exc}", file=sys.stderr)
             return 1
-        finally:
-            if spawned is not None:
-                spawned.stop()
+        except AlreadyExists:
+            print(
+                f"video-sidecar: demo failed: {path} exists under the daemon's output root; "
+                "pass --overwrite to replace it",
+                file=sys.stderr,
+            )
+            return 1
+        except SidecarError as exc:
+            print(f"video-sidecar: demo failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
 
     t = result.timings
     print(f"\nwrote {result.path}")

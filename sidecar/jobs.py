@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -23,6 +23,7 @@ import numpy as np
 from .audio import AudioFormat
 from .encoder import ResolvedCodec, VideoEncoder
 from .errors import Cancelled, EncodeFailed, InvalidRequest, SidecarError
+from .events import ChunkWriter, Emit, ProgressReporter
 from .feed import End, FrameFeed, InlineFrames, Piece
 from .frames import Geometry, PlacedRange, borrow_frames
 from .output import FileTarget, output_error
@@ -32,23 +33,8 @@ from .warm import EncoderKey, WarmPool, open_in_memory, opener_for
 
 log = logging.getLogger(__name__)
 
-PROGRESS_INTERVAL = 0.25  # seconds between progress events
 # Errors of the output file, not of the encoder: reported as the output's fault.
 OUTPUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EROFS, errno.EIO)
-
-
-@dataclass(frozen=True)
-class Progress:
-    frames_done: int
-    frames_total: int  # 0 while a stream is still arriving
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """A piece of the output file, in order, at most 1 MiB."""
-
-    offset: int
-    data: bytes
 
 
 @dataclass(frozen=True)
@@ -94,43 +80,6 @@ class EncodeOutcome:
             self.memfd = None
 
 
-class _Progress:
-    """Progress events, at most one per PROGRESS_INTERVAL."""
-
-    def __init__(self, emit: Callable[[Progress | Chunk], None], total: int) -> None:
-        self._emit = emit
-        self._total = total
-        self._last = time.monotonic()
-        self.done = 0
-
-    def add(self, frames: int) -> None:
-        self.reach(self.done + frames)
-
-    def reach(self, done: int) -> None:
-        self.done = done
-        now = time.monotonic()
-        if now - self._last >= PROGRESS_INTERVAL:
-            self._emit(Progress(done, self._total))
-            self._last = now
-
-
-class ChunkWriter:
-    """A write-only sink that hands each write back as a `Chunk` (fragmented MP4)."""
-
-    def __init__(self, emit: Callable[[Progress | Chunk], None], chunk_size: int) -> None:
-        self._emit = emit
-        self._chunk_size = chunk_size
-        self.offset = 0
-
-    def write(self, data: bytes) -> int:
-        view = memoryview(data)
-        for start in range(0, len(view), self._chunk_size):
-            piece = bytes(view[start : start + self._chunk_size])
-            self._emit(Chunk(self.offset, piece))
-            self.offset += len(piece)
-        return len(view)
-
-
 class EncodeJob:
     """Runs an `EncodePlan` on the calling thread; `stop()` may be called from anywhere.
 
@@ -143,7 +92,7 @@ class EncodeJob:
         plan: EncodePlan,
         slabs: Sequence[Slab],
         feed: FrameFeed,
-        emit: Callable[[Progress | Chunk], None],
+        emit: Emit,
         *,
         warm: WarmPool | None = None,
         audio: np.ndarray | None = None,
@@ -262,7 +211,7 @@ class EncodeJob:
         )
 
     def _consume(self, encoder: VideoEncoder) -> None:
-        progress = _Progress(self._emit, self.plan.frames_total)
+        progress = ProgressReporter(self._emit, self.plan.frames_total)
         if self._consume_in_segments(encoder, progress):
             return
         while True:
@@ -274,7 +223,9 @@ class EncodeJob:
                 return
             self._encode_piece(encoder, piece, progress)
 
-    def _encode_piece(self, encoder: VideoEncoder, piece: Piece, progress: _Progress) -> None:
+    def _encode_piece(
+        self, encoder: VideoEncoder, piece: Piece, progress: ProgressReporter
+    ) -> None:
         for image in self._frames_of(piece):
             if self.stopped:
                 raise self.cancelled()
@@ -289,7 +240,7 @@ class EncodeJob:
         if end.audio is not None:
             encoder.set_audio(end.audio)
 
-    def _consume_in_segments(self, encoder: VideoEncoder, progress: _Progress) -> bool:
+    def _consume_in_segments(self, encoder: VideoEncoder, progress: ProgressReporter) -> bool:
         """A whole video (every piece queued already) in parallel segments, when it is
         long enough and the job has the cores (see segments); False if not."""
         plan = self.plan

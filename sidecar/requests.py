@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 from .audio import AudioFormat
 from .encoder import CodecSpec
+from .events import Chunk, Progress
 from .frames import FrameRangeSpec
-from .jobs import Chunk, Progress
 from .leases import Lease
 
 

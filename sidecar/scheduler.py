@@ -14,7 +14,7 @@ import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from .config import cpu_count
+from .config_values import cpu_count
 from .encoder import threading_for
 from .errors import SidecarError
 from .jobs import EncodeJob, EncodeOutcome
@@ -30,6 +30,7 @@ class Scheduler:
         self._slots: asyncio.Semaphore | None = None
         self._jobs: set[EncodeJob] = set()
         self._running: set[asyncio.Task[EncodeOutcome]] = set()
+        self._abandoned = False  # closed without waiting for stuck threads
 
     def start(self) -> None:
         self._executor = ThreadPoolExecutor(
@@ -62,6 +63,7 @@ class Scheduler:
 
     def close(self, wait: bool = True) -> None:
         """Stop the thread pool; `wait=False` leaves threads that would not stop behind."""
+        self._abandoned = not wait
         if self._executor is not None:
             self._executor.shutdown(wait=wait, cancel_futures=True)
 
@@ -95,10 +97,12 @@ class Scheduler:
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
-            # Never free leases under a running thread: stop it and wait.
+            # Never free leases under a running thread: stop it and wait (unless the
+            # daemon is leaving without it: then nothing is freed or unmapped anyway).
             job.stop()
-            with contextlib.suppress(BaseException):
-                await future
+            if not self._abandoned:
+                with contextlib.suppress(BaseException):
+                    await future
             raise
 
     def threading(self, job: EncodeJob) -> tuple[int, str]:

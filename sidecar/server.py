@@ -2,8 +2,9 @@
 
 Signal handlers only set flags; the serve loop notices them. The first SIGTERM/SIGINT
 starts a graceful shutdown: health turns NOT_SERVING, new work is refused, in-flight
-encodes get `shutdown_grace` seconds, then the slabs are unlinked. A second signal cuts
-the grace short.
+encodes (streams included: their clients may still lease) get `shutdown_grace` seconds,
+then the rest are stopped, their clients told the daemon is shutting down, and the slabs
+unlinked. A second signal cuts the grace short: the daemon exits within about 2 seconds.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from . import memory
 from .api.v1 import sidecar_pb2 as pb
-from .config import Config, runtime_dir
+from .config import Config
+from .config_values import runtime_dir
 from .errors import StartupError
 from .metrics import Metrics
 from .service import Sidecar
@@ -32,6 +35,8 @@ from .servicer import VideoSidecarServicer, add_to_server
 from .vocabulary import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
+
+STOP_WAIT_S = 1.5  # for encoders to stop at their next frame once told to
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["VideoSidecar"].full_name
 
@@ -71,12 +76,19 @@ class Server:
             uvloop.run(self.serve())
 
     async def serve(self) -> None:
+        # Before the encoder, gRPC and codec threads start: see sidecar/memory.py.
+        memory.limit_arenas(max(memory.ARENAS, self.config.max_concurrent_encodes))
         self.install_signal_handlers()
         await self.startup()
+        sidecar = self.sidecar
+        trimmer = asyncio.create_task(
+            memory.trim_when_idle(lambda: (sidecar.busy, sidecar.stats.requests)), name="trim"
+        )
         try:
             while not self.should_exit:
                 await asyncio.sleep(0.1)
         finally:
+            trimmer.cancel()
             await self.shutdown()
 
     # -- phases --------------------------------------------------------------------------
@@ -144,10 +156,12 @@ class Server:
         while self.sidecar.busy and not self.force_exit and loop.time() < deadline:
             await asyncio.sleep(0.05)
         if self.sidecar.busy:
-            log.warning("cancelling encodes still running")
-            await self.sidecar.cancel_all()
+            log.warning("stopping the encodes still running")
+            if not await self.sidecar.cancel_all(timeout=STOP_WAIT_S):
+                log.warning("encoder threads did not stop within %.1fs; leaving them", STOP_WAIT_S)
         if self._grpc is not None:
-            await self._grpc.stop(grace=1.0)
+            # Long enough to send each stopped encode its status, no longer.
+            await self._grpc.stop(grace=0.3 if self.force_exit else 1.0)
         await self.sidecar.close()
         with contextlib.suppress(FileNotFoundError):
             self._socket_path.unlink()

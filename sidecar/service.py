@@ -28,9 +28,10 @@ from . import __version__
 from .clients import Clients
 from .config import Config
 from .errors import OutOfRange, PoolExhausted, ShuttingDown, SidecarError, StartupError
+from .events import Chunk, Progress
 from .frames import Limits
 from .intake import StreamIntake
-from .jobs import Chunk, EncodeJob, EncodeOutcome, Progress
+from .jobs import EncodeJob, EncodeOutcome
 from .leases import Lease, LeaseTable
 from .planner import Accepted, Planner
 from .requests import EncodeSpec, Event, Result, StreamMessage

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import format_size
+from .config_values import format_size
 from .errors import StartupError
 
 log = logging.getLogger(__name__)

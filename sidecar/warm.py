@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import cpu_count
+from .config_values import cpu_count
 from .encoder import ResolvedCodec, VideoEncoder, threading_for
 from .frames import Geometry
 

@@ -31,13 +31,18 @@ def test_demo_starts_a_daemon_and_writes_a_valid_mp4(tmp_path: Path) -> None:
         "VIDEO_SIDECAR_SHM_PREFIX": prefix,
         "VIDEO_SIDECAR_OUTPUT_DIR": str(tmp_path / "out"),
         "VIDEO_SIDECAR_SOCKET": str(tmp_path / "s.sock"),
+        "XDG_STATE_HOME": str(tmp_path / "state"),
     }
     result = run(["demo", "--frames", "30", "--width", "320", "--height", "192"], env)
     assert result.returncode == 0, result.stdout + result.stderr
     match = re.search(r"^wrote (\S+\.mp4)$", result.stdout, re.M)
     assert match, result.stdout
     path = Path(match.group(1))
-    assert path.is_file() and path.is_relative_to(tmp_path / "out")
+    assert path == (tmp_path / "out" / "demo" / "demo.mp4").resolve() and path.is_file()
+    # The daemon it started logged to a file, named in the output, not to the terminal.
+    log = tmp_path / "state" / "video-sidecar" / f"{prefix}.log"
+    assert f"log {log}" in result.stdout and "serving on" in log.read_text()
+    assert "sidecar.server" not in result.stdout + result.stderr
     for stage in ("lease", "copy into slabs", "encode", "daemon total"):
         assert stage in result.stdout
     assert not list(SHM_DIR.glob(f"{prefix}*")), "the demo's daemon left segments"
@@ -75,9 +80,11 @@ def test_status_json(daemon: Daemon) -> None:
 
 
 def test_status_without_daemon(tmp_path: Path) -> None:
-    result = run(["status", "--socket", str(tmp_path / "none.sock")], timeout=60)
+    sock = str(tmp_path / "none.sock")
+    result = run(["status", "--socket", sock], timeout=60)
     assert result.returncode == 1
-    assert "Unavailable" in result.stderr
+    assert f"no daemon answers at {sock}" in result.stderr
+    assert f"`video-sidecar serve --socket {sock}`" in result.stderr
 
 
 def test_too_small_shm_is_a_clear_startup_error() -> None:

@@ -4,7 +4,8 @@ import argparse
 
 import pytest
 
-from sidecar.config import Config, format_size, parse_size
+from sidecar.config import Config
+from sidecar.config_values import format_size, parse_size
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -70,3 +71,77 @@ def test_defaults_need_no_root(monkeypatch: pytest.MonkeyPatch, tmp_path) -> Non
 def test_bad_values_are_refused_with_the_name(env: dict[str, str]) -> None:
     with pytest.raises(ValueError):
         Config.load(parse([]), env)
+
+
+def test_booleans_are_bare_flags_with_a_no_form() -> None:
+    assert parse(["--insecure"]).insecure is True
+    assert parse(["--no-insecure"]).insecure is False
+    assert parse([]).insecure is None  # unset: falls through to env, file, default
+    with pytest.raises(SystemExit):
+        parse(["--insecure", "true"])  # only after compat_bool_args, as the CLI does
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--insecure", "true"], ["--insecure"]),
+        (["--insecure", "No"], ["--no-insecure"]),
+        (["--insecure=1", "--log-json=false"], ["--insecure", "--no-log-json"]),
+        (["--insecure", "--slabs", "2"], ["--insecure", "--slabs", "2"]),
+        (["--log-json", "--", "--insecure", "true"], ["--log-json", "--", "--insecure", "true"]),
+    ],
+)
+def test_older_boolean_spellings_still_work(argv: list[str], expected: list[str]) -> None:
+    assert Config.compat_bool_args(argv) == expected
+
+
+def test_inline_boolean_nonsense_is_refused() -> None:
+    with pytest.raises(ValueError, match="--no-insecure"):
+        Config.compat_bool_args(["--insecure=maybe"])
+
+
+@pytest.mark.parametrize(
+    ("word", "value"),
+    [("TRUE", True), ("yes", True), ("1", True), ("False", False), ("NO", False), ("0", False)],
+)
+def test_env_booleans(word: str, value: bool) -> None:
+    assert Config.load(parse([]), {"VIDEO_SIDECAR_INSECURE": word}).insecure is value
+
+
+@pytest.mark.parametrize("word", ["on", "off", "maybe", "2"])
+def test_env_boolean_nonsense_names_the_variable(word: str) -> None:
+    with pytest.raises(ValueError, match="VIDEO_SIDECAR_INSECURE: not a boolean"):
+        Config.load(parse([]), {"VIDEO_SIDECAR_INSECURE": word})
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('insecure = "true"', "insecure must be true or false"),
+        ("slabs = true", "slabs must be a number or a string"),
+        ("slabs = 2.5", "not a whole number"),
+        ("lease_ttl = nan", "not a finite number"),
+    ],
+)
+def test_file_values_keep_their_types(tmp_path, text: str, message: str) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(text + "\n")
+    with pytest.raises(ValueError, match=message):
+        Config.load({"config_file": str(cfg)}, {})
+
+
+def test_to_args_turns_settings_into_serve_flags() -> None:
+    args = Config.to_args({"insecure": True, "log_json": "no", "slab_size": "16MiB", "tcp": None})
+    assert args == ["--insecure", "--no-log-json", "--slab-size", "16MiB"]
+    ns = parse(args)
+    assert (ns.insecure, ns.log_json, ns.slab_size) == (True, False, 16 << 20)
+
+
+def test_help_shows_defaults_and_what_a_size_looks_like() -> None:
+    parser = argparse.ArgumentParser()
+    Config.add_arguments(parser)
+    text = " ".join(parser.format_help().split())
+    assert "[default: 64MiB; env VIDEO_SIDECAR_SLAB_SIZE]" in text
+    assert "--insecure, --no-insecure" in text
+    with pytest.raises(ValueError, match="16MiB, 1GiB, 65536"):
+        parse_size("16X")

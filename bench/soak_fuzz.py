@@ -1,0 +1,448 @@
+"""Fuzz soak: a real daemon under a long, bounded mix of hostile and valid gRPC requests.
+
+Measures the daemon's memory while it runs (VmRSS and RssAnon from /proc/PID/status every
+few seconds: warm start, end, max, and RssAnon again after `--idle` seconds of rest) and
+tallies the answers by status code. Checks: (a) no UNKNOWN/INTERNAL/DATA_LOSS answer,
+(b) no file created outside the output root, (c) every refused lease is still releasable
+and none is left held, (d) no shared-memory segment left once the daemon stops. Exits 1
+when a check fails.
+
+    python -m bench.soak_fuzz --minutes 10 --seed 1 --idle 60 --out soak.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from sidecar.api.v1 import sidecar_pb2 as pb
+from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
+from sidecar.launcher import DaemonProcess
+
+SERVICE = "/video_sidecar.v1.VideoSidecar/"
+METHODS = ["Attach", "Lease", "Release", "Status", "Encode", "EncodeStream"]
+LEASE = 64 * 1024
+FRAME = 64 * 64 * 3  # valid requests send rgb24 64x64
+SMALL: dict[str, Any] = {"width": 64, "height": 64, "pixel_format": pb.PIXEL_FORMAT_RGB24}
+SERVER_ERRORS = {"UNKNOWN", "INTERNAL", "DATA_LOSS"}
+REFUSED = {"INVALID_ARGUMENT", "NOT_FOUND", "OUT_OF_RANGE", "FAILED_PRECONDITION", "ALREADY_EXISTS"}
+CONTAINERS = {"mp4": 1, "fmp4": 2, "webm": 3}  # pb.Container values
+PATHS = ["../x.mp4", "/etc/passwd", "a/../../x.mp4", "..", "", "a/", "a\x00b.mp4", "ok.mp4"]
+PATHS += ["./ok.mp4", "x" * 5000, "deep/" * 50 + "x.mp4"]
+SPECIAL = [-(2**63), -(2**31), 2**31 - 1, 2**31, 2**32, 2**48, 2**62, 2**63 - 1]
+EXTRA = [  # (codec, options, values): real x264/x265 options; {s} is outside the output root
+    ("h264", "tune", "film zerolatency psnr grain bogus"),
+    ("h264", "profile", "baseline main high high444 nope"),
+    ("h264", "flags", "+cgop +global_header +bitexact bogus"),
+    ("h264", "stats,pass", "{s}/x264.stats,1 relative.stats,1 relative.stats,2 x.stats,3"),
+    ("h264", "x264-params", "dump-yuv=dump.yuv dump-yuv={s}/abs.yuv keyint=2:bframes=0 nonsense"),
+    ("h264", "x264opts", "psy-rd=1.0:trellis=2 ref=16:me=tesa"),
+    ("h264", "threads", "auto 16 -1"),
+    ("h265", "x265-params", "csv=x265.csv:csv-log-level=2 analysis-save={s}/a.dat"),
+    ("h265", "tune,profile", "psnr,main grain,main10"),
+]
+# As tests/helpers.py starts one; --daemon-opt KEY=VALUE adds or overrides.
+DAEMON = {"slabs": 4, "slab_size": "16MiB", "lease_ttl": 30, "max_lease_wait": 5}
+DAEMON |= {"shutdown_grace": 10, "log_level": "info"}
+
+
+def i64(r: random.Random) -> int:
+    pick = r.random()
+    if pick < 0.5:
+        return r.randint(-3, 300)
+    return r.choice(SPECIAL) if pick < 0.8 else r.randint(-(2**63), 2**63 - 1)
+
+
+def text(r: random.Random, n: int = 40) -> str:
+    chars = (r.choice([r.randrange(32, 127), r.randrange(0x80, 0xD800)]) for _ in range(n))
+    return "".join(map(chr, chars))[: r.randrange(n)]
+
+
+def fps(r: random.Random | None = None) -> pb.Rational:
+    return pb.Rational(num=i64(r), den=i64(r)) if r else pb.Rational(num=24, den=1)
+
+
+def chunk(**fields: Any) -> pb.StreamRequest:
+    return pb.StreamRequest(chunk=pb.StreamChunk(**fields))
+
+
+class Fuzzer:
+    """One client thread: its own channel, token, slab mappings, random stream and tallies."""
+
+    def __init__(self, socket: str, scratch: Path, seed: int) -> None:
+        self.channel = grpc.insecure_channel(f"unix:{socket}")
+        self.stub = pb_grpc.VideoSidecarStub(self.channel)
+        self.scratch, self.r, self.seed = scratch, random.Random(seed), seed
+        attached = self.stub.Attach(pb.AttachRequest(client_name=f"soak-{seed}"))
+        self.token = attached.client_token
+        self.maps: dict[int, mmap.mmap] = {}
+        for slab in attached.slabs:
+            with open(os.path.join(attached.shm_dir, slab.shm_name), "r+b") as f:
+                self.maps[slab.id] = mmap.mmap(f.fileno(), slab.size)
+        self.codes: Counter[str] = Counter()
+        self.offending: Counter[str] = Counter()
+        self.problems: list[str] = []
+        self.held: set[str] = set()
+
+    def close(self) -> None:
+        for lease_id in sorted(self.held):
+            self.release(lease_id, "cleanup")
+        self.channel.close()
+        for m in self.maps.values():
+            m.close()
+
+    def call(self, kind: str, fn: Callable[..., Any], request: Any, detail: str = "") -> str:
+        try:
+            result = fn(request, timeout=30)
+            if not hasattr(result, "DESCRIPTOR") and not isinstance(result, bytes):
+                for event in result:  # a reply stream
+                    if isinstance(event, pb.EncodeEvent) and event.result.HasField("next_lease"):
+                        self.held.add(event.result.next_lease.lease_id)
+            code = "OK"
+        except grpc.RpcError as err:
+            code = err.code().name
+        self.codes[f"{kind}:{code}"] += 1
+        if code in SERVER_ERRORS:
+            self.offending[f"{kind} {detail}".strip() + f" -> {code}"] += 1
+        return code
+
+    def lease(self, frames: bytes = b"") -> pb.LeaseResponse:
+        request = pb.LeaseRequest(client_token=self.token, size=LEASE, wait_ms=5000)
+        lease = self.stub.Lease(request, timeout=30)
+        self.held.add(lease.lease_id)
+        self.maps[lease.slab_id][lease.offset : lease.offset + len(frames)] = frames
+        return lease
+
+    def release(self, lease_id: str, kind: str = "release-own", token: str | None = None) -> str:
+        self.held.discard(lease_id)
+        token = self.token if token is None else token
+        return self.call(
+            kind, self.stub.Release, pb.ReleaseRequest(client_token=token, lease_id=lease_id)
+        )
+
+    def settle(self, kind: str, lease_id: str, code: str) -> None:
+        """Give a lease back; one named by a refused request must still be ours."""
+        released = self.release(lease_id)
+        if code in REFUSED and released != "OK":
+            self.problems.append(f"(c) {kind} refused with {code}, then Release said {released}")
+
+    # -- request kinds ---------------------------------------------------------------------
+
+    def descriptor(self) -> None:
+        """A random, mostly hostile descriptor against a real lease."""
+        r, lease = self.r, self.lease()
+        ids = [lease.lease_id, lease.lease_id, "ab" * 16, "", "../\x00" * 9]
+        ranges = [
+            pb.FrameRange(lease_id=r.choice(ids), offset=r.choice([0, i64(r)]),
+                          frame_count=r.choice([r.randint(0, 8), i64(r)]),
+                          row_stride=r.choice([0, i64(r)]), frame_stride=r.choice([0, i64(r)]))
+            for _ in range(r.randint(1, 3))
+        ]  # fmt: skip
+        codec = pb.CodecOptions(
+            codec=r.choice(["", "", "h264", "av1", "vp9", "bogus", "h265\x00"]),
+            preset=r.choice(["", "ultrafast", text(r, 12)]),
+            threads=r.choice([0, 0, r.randrange(2**32)]),
+        )
+        if r.random() < 0.5:
+            codec.crf = r.choice([r.randint(0, 51), r.randint(-(2**31), 2**31 - 1)])
+        output = pb.OutputSpec(container=r.randint(-2, 6), bytes=pb.BytesOutput())  # type: ignore[arg-type]
+        if r.random() < 0.5:
+            output.file.path = r.choice([*PATHS, text(r)])
+        side = lambda: r.choice([16, 32, 64]) if r.random() < 0.6 else i64(r)  # noqa: E731
+        fmt: Any = r.choice([r.randint(1, 6), r.randint(-3, 12)])
+        video = pb.VideoDescriptor(width=side(), height=side(), pixel_format=fmt, ranges=ranges)
+        video.fps.CopyFrom(fps() if r.random() < 0.6 else fps(r))
+        request = pb.EncodeRequest(client_token=self.token, video=video, codec=codec, output=output)
+        self.settle(
+            "descriptor", lease.lease_id, self.call("descriptor", self.stub.Encode, request)
+        )
+
+    def audio(self, target: pb.EncodeRequest | pb.StreamHeader) -> tuple[list[pb.AudioData], str]:
+        r = self.r
+        channels, rate = r.choice([1, 1, 2, 2, 3, 4]), r.choice([16000, 44100, 48000])
+        fmt = r.choice([pb.SAMPLE_FORMAT_S16, pb.SAMPLE_FORMAT_F32])
+        target.audio.CopyFrom(pb.AudioSpec(sample_rate=rate, channels=channels, sample_format=fmt))
+        size = rate // 8 * channels * (2 if fmt == pb.SAMPLE_FORMAT_S16 else 4)
+        return [pb.AudioData(inline=r.randbytes(size))], f" audio ch={channels}"
+
+    def encode(self, extra: bool = False) -> None:
+        """A valid small encode; `extra`: with real x264/x265 options, some of them risky."""
+        r, frames = self.r, self.r.randint(1, 8)
+        lease = self.lease(r.randbytes(frames * FRAME))
+        container = "mp4" if extra else r.choice(list(CONTAINERS))
+        codec, names, values = r.choice(EXTRA) if extra else ("", "", "")
+        value = r.choice(values.split(" ")).replace("{s}", str(self.scratch))
+        options = dict(zip(names.split(","), value.split(","), strict=True)) if extra else {}
+        video = pb.VideoDescriptor(**SMALL, fps=fps())
+        video.ranges.add(lease_id=lease.lease_id, frame_count=frames)
+        request = pb.EncodeRequest(client_token=self.token, video=video)
+        request.codec.CopyFrom(pb.CodecOptions(codec=codec, extra=options))
+        request.output.container = CONTAINERS[container]  # type: ignore[assignment]
+        request.next_lease_bytes = r.choice([0, 0, LEASE])
+        if r.random() < 0.3:
+            request.output.file.path = f"soak/{self.seed}-{r.randrange(20)}.{container}"
+            request.output.file.overwrite = r.random() < 0.7
+        detail = f"{container} {codec} {options}" if extra else container
+        if not extra and r.random() < 0.4:
+            data, more = self.audio(request)
+            request.audio_data.extend(data)
+            detail += more
+        kind = "extra" if extra else "encode"
+        self.settle(kind, lease.lease_id, self.call(kind, self.stub.Encode, request, detail))
+
+    def stream(self) -> None:
+        """A valid stream, with 0-3 chunks, maybe no end, maybe abandoned midway."""
+        r = self.r
+        container = r.choice(list(CONTAINERS))
+        header = pb.StreamHeader(client_token=self.token, **SMALL, fps=fps())
+        header.output.container = CONTAINERS[container]  # type: ignore[assignment]
+        audio, detail = self.audio(header) if r.random() < 0.3 else ([], "")
+        messages, leases = [pb.StreamRequest(header=header)], []
+        for _ in range(r.choice([0, 0, 1, 2, 3])):
+            n = r.randint(1, 4)
+            if r.random() < 0.5:
+                leases.append(self.lease(r.randbytes(n * FRAME)).lease_id)
+                messages.append(chunk(range=pb.FrameRange(lease_id=leases[-1], frame_count=n)))
+            else:
+                messages.append(chunk(inline=r.randbytes(n * FRAME)))
+        ending = r.random()
+        if ending < 0.8:
+            messages.append(pb.StreamRequest(end=pb.StreamEnd(audio_data=audio)))
+        if ending < 0.9:
+            self.call("stream", self.stub.EncodeStream, iter(messages), container + detail)
+        else:  # abandoned: cancelled while the daemon may be encoding
+            gate = threading.Event()
+
+            def feed() -> Iterator[pb.StreamRequest]:
+                yield from messages
+                gate.wait(5)
+
+            reply = self.stub.EncodeStream(feed(), timeout=30)
+            time.sleep(r.uniform(0, 0.3))
+            reply.cancel()
+            gate.set()
+            self.call("stream-abandoned", lambda *_a, **_k: reply, None)
+        for lease_id in leases:  # taken by the stream (NOT_FOUND), or given back
+            self.release(lease_id)
+
+    def hostile_stream(self) -> None:
+        r, lease = self.r, self.lease()
+        messages = []
+        if r.random() < 0.7:
+            header = pb.StreamHeader(client_token=self.token, **SMALL, fps=fps())
+            header.width, header.height = r.randint(-2, 70), r.randint(-2, 70)
+            header.audio.CopyFrom(pb.AudioSpec(sample_rate=16000, channels=1, sample_format=2))
+            messages.append(pb.StreamRequest(header=header))
+        for _ in range(r.randint(0, 5)):
+            pick = r.random()
+            if pick < 0.4:
+                messages.append(chunk(inline=r.randbytes(r.randrange(20000))))
+            elif pick < 0.7:
+                bad = pb.FrameRange(lease_id=lease.lease_id, offset=i64(r), frame_count=i64(r))
+                messages.append(chunk(range=bad))
+            elif pick < 0.9:
+                audio = [pb.AudioData(inline=r.randbytes(r.randrange(64)))]
+                messages.append(pb.StreamRequest(end=pb.StreamEnd(audio_data=audio)))
+            else:
+                messages.append(pb.StreamRequest(header=pb.StreamHeader()))
+        self.call("stream-hostile", self.stub.EncodeStream, iter(messages))
+        self.release(lease.lease_id)  # it may have gone into the stream
+
+    def raw(self) -> None:
+        """Bytes that are not a valid message, to every method."""
+        r, method = self.r, self.r.choice(METHODS)
+        cut = pb.EncodeRequest(client_token=self.token).SerializeToString()[:-1]
+        payload = r.choice(
+            [b"\xff\xff\xff\xff", r.randbytes(r.randrange(1, 64)), b"\x0a\x05ab", cut]
+        )
+        fn: Any = self.channel.unary_unary(SERVICE + method)
+        if method == "Encode":
+            fn = self.channel.unary_stream(SERVICE + method)
+        elif method == "EncodeStream":
+            bidi = self.channel.stream_stream(SERVICE + method)
+            fn = lambda p, timeout: bidi(iter([p, payload]), timeout=timeout)  # noqa: E731
+        self.call(f"raw-{method}", fn, payload)
+
+    def huge(self) -> None:
+        r, pick = self.r, self.r.random()
+        if pick < 0.5:
+            size = r.choice([2**63, 2**64 - 1, 2**40, 16 * 1024 * 1024 + 1, 0])
+            wait = r.choice([0, 2**32 - 1])
+            request = pb.LeaseRequest(client_token=self.token, size=size, wait_ms=wait)
+            if self.call("huge-lease", self.stub.Lease, request) == "OK":
+                self.problems.append(f"a lease of {size} bytes was granted")
+        elif pick < 0.8:
+            header = pb.StreamRequest(header=pb.StreamHeader(client_token=self.token, **SMALL))
+            big = chunk(inline=bytes(8 * 1024 * 1024 + 1))
+            self.call("huge-message", self.stub.EncodeStream, iter([header, big]))
+        else:
+            request = pb.AttachRequest(client_name="n" * 100_000, pid=2**32 - 1)
+            self.call("huge-attach", self.stub.Attach, request)
+
+    def release_unknown(self) -> None:
+        r = self.r
+        lease_id = r.choice([r.randbytes(16).hex(), text(r, 80), ""])
+        self.release(lease_id, "release-unknown", r.choice([self.token, "f" * 32, ""]))
+
+    def attach(self) -> None:
+        self.call("attach", self.stub.Attach, pb.AttachRequest(client_name=text(self.r)))
+
+    def run_one(self) -> None:
+        kinds = {self.descriptor: 28, self.encode: 16, lambda: self.encode(extra=True): 8,
+                 self.stream: 12, self.hostile_stream: 8, self.raw: 12, self.huge: 4,
+                 self.release_unknown: 6, self.attach: 4,
+                 lambda: self.call("status", self.stub.Status, pb.StatusRequest()): 2}  # fmt: skip
+        try:
+            self.r.choices(list(kinds), weights=list(kinds.values()))[0]()
+        except grpc.RpcError as err:  # a Lease the request needed failed
+            self.codes[f"setup:{err.code().name}"] += 1
+
+
+def memory(pid: int, t0: float, requests: int) -> dict[str, Any]:
+    """Resident memory (KiB: VmRSS = RssAnon + RssFile + RssShmem), threads and open fds."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    fields = dict(line.split(":", 1) for line in lines)
+    out = {k: int(fields[k].split()[0]) for k in ("VmRSS", "RssAnon", "RssFile", "RssShmem")}
+    out |= {"threads": int(fields["Threads"]), "fds": len(os.listdir(f"/proc/{pid}/fd"))}
+    return {"t": round(time.monotonic() - t0, 1), "n": requests, **out}
+
+
+def figures(key: str, samples: list[dict[str, Any]], warm_t: float, end: dict[str, Any]) -> Any:
+    """MiB of `key`: at the warm point and at the end of the load, the max, and those two as
+    medians over 30 s windows (one sample swings with the encodes in flight)."""
+    load = [s for s in samples if s["t"] < end["t"]] + [end]
+    warm = next(s for s in load if s["t"] >= warm_t)
+
+    def median(start: float, stop: float) -> float:
+        return statistics.median(s[key] for s in load if start <= s["t"] <= stop)
+
+    kib = {"warm": warm[key], "end": end[key], "max": max(s[key] for s in load)}
+    kib |= {"warm_median": median(warm_t, warm_t + 30), "end_median": median(end["t"] - 30, 1e99)}
+    kib |= {"growth": end[key] - warm[key], "growth_median": kib["end_median"] - kib["warm_median"]}
+    return {k: round(v / 1024, 1) for k, v in kib.items()}
+
+
+def files_under(root: Path, skip: Path) -> set[str]:
+    return {str(p) for p in root.rglob("*") if p != skip and skip not in p.parents}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.soak_fuzz", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--minutes", type=float, default=0.0)
+    p.add_argument("--requests", type=int, default=0, help="default 5000 when no --minutes")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--workers", type=int, default=2, help="client threads sending at once")
+    p.add_argument("--sample-every", type=float, default=5.0, metavar="SECONDS")
+    p.add_argument("--idle", type=float, default=0.0, metavar="SECONDS", help="rest, then sample")
+    p.add_argument("--out", default="", help="write the summary and the samples as JSON")
+    p.add_argument("--daemon-opt", action="append", default=[], metavar="KEY=VALUE")
+    args = p.parse_args(argv)
+    args.requests = args.requests or (0 if args.minutes else 5000)
+    root = Path(tempfile.mkdtemp(prefix="vsd-soak-"))
+    cwd, out, prefix = root / "cwd", root / "out", f"vsdsoak{os.getpid()}"
+    cwd.mkdir()
+    options = {**DAEMON, "output_dir": out, "shm_prefix": prefix}
+    options |= dict(o.split("=", 1) for o in args.daemon_opt)
+    daemon = DaemonProcess(str(root / "sidecar.sock"), **options)
+    try:
+        with open(root / "daemon.log", "ab") as log:  # relative paths land in cwd
+            daemon.start(output=log, preexec_fn=lambda: os.chdir(cwd))
+        return soak(args, daemon, root, out, prefix)
+    finally:
+        daemon.kill()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def soak(
+    args: argparse.Namespace, daemon: DaemonProcess, root: Path, out: Path, prefix: str
+) -> int:
+    before = files_under(root, out)
+    samples: list[dict[str, Any]] = []
+    warm_t: list[float] = []
+    done, t0, finished, lock = [0], time.monotonic(), threading.Event(), threading.Lock()
+
+    def progress() -> float:
+        elapsed = time.monotonic() - t0
+        return max(elapsed / (args.minutes * 60 or 1e99), done[0] / (args.requests or 1e99))
+
+    def sample() -> None:
+        while daemon.running():
+            samples.append(memory(daemon.pid, t0, done[0]))
+            if not warm_t and (progress() >= 0.1 or samples[-1]["t"] >= 60):
+                warm_t.append(samples[-1]["t"])
+            if finished.wait(args.sample_every):
+                return
+
+    def work(f: Fuzzer) -> None:
+        while progress() < 1.0 and daemon.running():
+            f.run_one()
+            with lock:
+                done[0] += 1
+
+    fuzzers = [
+        Fuzzer(daemon.socket, root / "cwd", args.seed * 1000 + n) for n in range(args.workers)
+    ]
+    threads = [threading.Thread(target=work, args=(f,)) for f in fuzzers]
+    for th in [*threads, threading.Thread(target=sample, daemon=True)]:
+        th.start()
+    for th in threads:
+        th.join()
+    seconds, end = time.monotonic() - t0, memory(daemon.pid, t0, done[0])
+    for f in fuzzers:
+        f.close()
+    with grpc.insecure_channel(f"unix:{daemon.socket}") as channel:
+        pool = pb_grpc.VideoSidecarStub(channel).Status(pb.StatusRequest(), timeout=10).pool
+    time.sleep(args.idle)
+    idle = memory(daemon.pid, t0, done[0])
+    finished.set()
+    exit_code = daemon.stop()
+    created = sorted(files_under(root, out) - before)
+    segments = sorted(p.name for p in Path("/dev/shm").glob(f"{prefix}.*"))
+    codes, offending, by_code = Counter[str](), Counter[str](), Counter[str]()
+    problems = [f"(c) {pool.active_leases} leases held after the run"] if pool.active_leases else []
+    for f in fuzzers:
+        codes.update(f.codes)
+        offending.update(f.offending)
+        problems += f.problems
+    for key, n in codes.items():
+        by_code[key.rsplit(":", 1)[1]] += n
+    checks = {
+        "a_no_server_errors": not offending,
+        "b_no_files_outside_output": not created,
+        "c_refused_leases_releasable": not any(p.startswith("(c)") for p in problems),
+        "d_no_segments_left": not segments,
+    }
+    summary = {
+        "command": " ".join(sys.argv), "seed": args.seed, "workers": args.workers,
+        "seconds": round(seconds, 1), "requests": done[0], "daemon_exit": exit_code,
+        "by_code": dict(by_code.most_common()), "by_kind": dict(sorted(codes.items())),
+        "checks": checks, "offending": dict(offending.most_common()), "problems": problems[:20],
+        "files_created": created[:20], "segments_left": segments, "warm_at_s": warm_t[:1],
+        **{key: figures(key, samples, (warm_t or [0.0])[0], end) for key in ("VmRSS", "RssAnon")},
+        "idle": {"seconds": args.idle, "RssAnon": round(idle["RssAnon"] / 1024, 1)}, "end": end,
+    }  # fmt: skip
+    print(json.dumps(summary, indent=2))
+    if args.out:
+        Path(args.out).write_text(json.dumps({**summary, "samples": samples}, indent=2) + "\n")
+    return 0 if all(checks.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""The value types and machine-dependent defaults of the daemon's settings: sizes,
+booleans, numbers, the socket and output locations, the core count. `config` builds the
+typed Config from these."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "VIDEO_SIDECAR_"
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.I)
+_SIZE_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
+
+
+def parse_size(text: str) -> int:
+    """Parse a byte size: `67108864`, `64M`, `64MiB`, `1.5G`. Units are powers of 1024."""
+    match = _SIZE_RE.match(str(text))
+    if not match:
+        raise ValueError(
+            f"not a size: {text!r} (a number of bytes with an optional unit K, M, G or T, "
+            "e.g. 16MiB, 1GiB, 65536)"
+        )
+    number, unit, _ = match.groups()
+    return int(float(number) * 1024 ** _SIZE_POWERS[unit.lower()])
+
+
+def format_size(n: int) -> str:
+    """Human-readable binary size: 67108864 -> '64MiB'."""
+    for unit, power in (("TiB", 4), ("GiB", 3), ("MiB", 2), ("KiB", 1)):
+        scale = 1024**power
+        if n >= scale:
+            return f"{n / scale:.4g}{unit}"
+    return f"{n}B"
+
+
+TRUE_WORDS = frozenset({"true", "yes", "1"})
+FALSE_WORDS = frozenset({"false", "no", "0"})
+
+
+def parse_bool(text: str) -> bool:
+    """true/false, yes/no or 1/0, any case: what an environment variable may say."""
+    value = str(text).strip().lower()
+    if value in TRUE_WORDS:
+        return True
+    if value in FALSE_WORDS:
+        return False
+    raise ValueError(f"not a boolean: {text!r} (use true or false, yes or no, 1 or 0)")
+
+
+def parse_int(text: str) -> int:
+    try:
+        return int(str(text).strip())
+    except ValueError:
+        raise ValueError(f"not a whole number: {text!r}") from None
+
+
+def parse_float(text: str) -> float:
+    try:
+        value = float(str(text).strip())
+    except ValueError:
+        raise ValueError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):  # nan slips through every comparison in __post_init__
+        raise ValueError(f"not a finite number: {text!r}")
+    return value
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def runtime_dir() -> Path:
+    """Where a user's sockets live: $XDG_RUNTIME_DIR, else a private dir in the temp dir."""
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.isdir(xdg):
+        return Path(xdg) / "video-sidecar"
+    return Path(tempfile.gettempdir()) / f"video-sidecar-{os.getuid()}"
+
+
+def default_socket() -> str:
+    return str(runtime_dir() / "sidecar.sock")
+
+
+def socket_path(target: str) -> str | None:
+    """The absolute Unix socket path `target` names, or None for a network target.
+
+    A value with a '/' or without a ':' is a path (`WRONG` is `./WRONG`, where the client
+    alone would look up a host of that name); `unix:PATH` is one too; `HOST:PORT` and
+    other gRPC schemes are not."""
+    if target.startswith("unix:"):
+        path = target.removeprefix("unix:")
+        return os.path.abspath(path[1:] if path.startswith("//") else path)
+    if target.startswith(("unix-abstract:", "dns:", "ipv4:", "ipv6:")):
+        return None
+    if "/" in target or ":" not in target:
+        return os.path.abspath(target)
+    return None
+
+
+def default_output_dir() -> str:
+    data = os.environ.get("XDG_DATA_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "share"
+    )
+    return str(Path(data) / "video-sidecar" / "outputs")
+
+
+def default_shm_prefix() -> str:
+    return f"video-sidecar-{os.getuid()}"
+
+
+def default_concurrency() -> int:
+    # Several encodes with few threads each beat one wide encode on throughput.
+    return max(1, min(8, cpu_count() // 2))
+
+
+def argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """`parse` for argparse: its ValueError message becomes the usage error, instead of
+    argparse's `invalid parse_size value`."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = getattr(parse, "__name__", "value")
+    return convert
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """A TOML file's table; ValueError saying what is wrong with it."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    try:
+        with open(path, "rb") as fh:
+            table: dict[str, Any] = tomllib.load(fh)
+            return table
+    except OSError as exc:
+        raise ValueError(f"cannot read config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"config file {path}: {exc}") from None

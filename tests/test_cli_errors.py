@@ -1,0 +1,477 @@
+"""What a newcomer meets at the command line: every mistake gets one clear line on stderr
+and a non-zero status, never a traceback; nothing is left behind (daemons, segments,
+directories, temporary files)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from client import SidecarClient
+from sidecar.config import Config
+from sidecar.launcher import DaemonProcess, auto_shm_prefix
+
+from .conftest import new_prefix
+from .helpers import SHM_DIR, Daemon, decode
+
+CLI = [sys.executable, "-m", "sidecar"]
+
+
+def cli(
+    args: list[str],
+    tmp_path: Path,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """The real CLI with no VIDEO_SIDECAR_* settings of the caller's, a private state
+    dir (where auto-started daemons log), a private output root and small slabs."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("VIDEO_SIDECAR_")}
+    base |= {
+        "XDG_STATE_HOME": str(tmp_path / "state"),
+        "VIDEO_SIDECAR_OUTPUT_DIR": str(tmp_path / "out"),
+        "VIDEO_SIDECAR_SLABS": "2",
+        "VIDEO_SIDECAR_SLAB_SIZE": "16MiB",
+    }
+    return subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, timeout=timeout,
+        env={**base, **(env or {})}, cwd=cwd or tmp_path, check=False,
+    )  # fmt: skip
+
+
+def one_line_error(result: subprocess.CompletedProcess[str], code: int | None = None) -> str:
+    """The failure's stderr: exactly one line, no traceback; returns it."""
+    assert result.returncode != 0, result.stdout
+    if code is not None:
+        assert result.returncode == code, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def usage_error(result: subprocess.CompletedProcess[str]) -> str:
+    """argparse's answer: the usage, then one `error:` line; status 2."""
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.stderr.strip().splitlines()[-1]
+
+
+def clip(path: Path, frames: int = 4) -> Path:
+    np.save(path, np.zeros((frames, 32, 32, 3), np.uint8))
+    return path
+
+
+def prefix_segments(prefix: str) -> list[str]:
+    return sorted(p.name for p in SHM_DIR.glob(f"{prefix}.*"))
+
+
+# -- 1. booleans ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--insecure"], True),
+        (["--no-insecure"], False),
+        (["--insecure", "true"], True),  # the older spelling, still accepted
+        (["--insecure", "NO"], False),
+        (["--insecure=false"], False),
+        (["--insecure=1", "--log-json"], True),
+    ],
+)
+def test_boolean_flags_are_bare_with_a_no_form(
+    tmp_path: Path, flags: list[str], expected: bool
+) -> None:
+    result = cli(["config", "--json", *flags], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f'"insecure": {"true" if expected else "false"}' in result.stdout
+    assert '"insecure": "flag"' in result.stdout
+
+
+def test_serve_takes_a_bare_insecure(make_daemon: Callable[..., Daemon]) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    d = make_daemon(tcp=f"127.0.0.1:{port}", insecure=True)
+    assert "--insecure" in d.args() and "true" not in d.args()
+    assert "WITHOUT TLS" in d.log()
+
+
+def test_the_launcher_writes_booleans_as_bare_flags() -> None:
+    args = DaemonProcess("/s.sock", insecure="true", log_json=False, slabs=2).args()
+    assert args[-6:] == ["--socket", "/s.sock", "--insecure", "--no-log-json", "--slabs", "2"]
+    assert Config.to_args({"encoder_threads": -1}) == ["--encoder-threads=-1"]
+
+
+@pytest.mark.parametrize("word", ["true", "TRUE", "yes", "Yes", "1"])
+def test_environment_booleans_true(tmp_path: Path, word: str) -> None:
+    result = cli(["config", "--json"], tmp_path, {"VIDEO_SIDECAR_LOG_JSON": word})
+    assert result.returncode == 0 and '"log_json": true' in result.stdout, result.stderr
+
+
+@pytest.mark.parametrize("word", ["false", "False", "no", "NO", "0"])
+def test_environment_booleans_false(tmp_path: Path, word: str) -> None:
+    result = cli(["config", "--json"], tmp_path, {"VIDEO_SIDECAR_LOG_JSON": word})
+    assert result.returncode == 0 and '"log_json": false' in result.stdout, result.stderr
+
+
+@pytest.mark.parametrize("word", ["maybe", "on", "2", "t"])
+def test_environment_boolean_nonsense_names_the_variable(tmp_path: Path, word: str) -> None:
+    line = one_line_error(cli(["config"], tmp_path, {"VIDEO_SIDECAR_INSECURE": word}), 2)
+    assert "VIDEO_SIDECAR_INSECURE" in line and "not a boolean" in line
+
+
+def test_inline_boolean_nonsense_is_one_line(tmp_path: Path) -> None:
+    line = one_line_error(cli(["serve", "--insecure=maybe"], tmp_path), 2)
+    assert "--no-insecure" in line
+
+
+def test_config_file_booleans_are_toml_booleans(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('insecure = "yes"\n')
+    line = one_line_error(cli(["config", "--config", str(cfg)], tmp_path), 2)
+    assert "insecure must be true or false" in line
+    cfg.write_text("insecure = true\n")
+    result = cli(["config", "--config", str(cfg)], tmp_path)
+    assert result.returncode == 0 and "insecure = true  # file" in result.stdout
+
+
+# -- 2. --value-range -1,1 ----------------------------------------------------------------
+
+
+def test_value_range_takes_a_negative_value_after_a_space(daemon: Daemon, tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    video = rng.integers(0, 256, (4, 32, 32, 3), dtype=np.uint8)
+    np.save(tmp_path / "f.npy", (video.astype(np.float32) / 127.5 - 1))
+    for i, spelling in enumerate((["--value-range", "-1,1"], ["--value-range=-1,1"])):
+        out = tmp_path / f"f{i}.mp4"
+        result = cli(["encode", "f.npy", "-o", str(out), "--socket", daemon.socket, "--crf",
+                      "0", *spelling], tmp_path)  # fmt: skip
+        assert result.returncode == 0, result.stderr
+    frames0, _ = decode(tmp_path / "f0.mp4")
+    frames1, _ = decode(tmp_path / "f1.mp4")
+    assert np.array_equal(frames0, frames1)
+    # Read as -1..1, mid-grey stays mid-grey; read as 0..1 it would be clipped bright.
+    assert abs(float(frames0.mean()) - float(video.mean())) < 8
+    assert "-1,1" in cli(["encode", "--help"], tmp_path).stdout
+    bad = usage_error(cli(["encode", "f.npy", "--value-range", "1,0"], tmp_path))
+    assert "LOW must be below HIGH" in bad
+
+
+# -- 3. inputs ---------------------------------------------------------------------------
+
+
+def test_a_file_that_is_not_an_array_says_what_is_accepted(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("hello")
+    (tmp_path / "fake.npy").write_text("hello")
+    for name in ("notes.txt", "fake.npy"):
+        line = one_line_error(cli(["encode", name, "--socket", "none.sock"], tmp_path), 2)
+        assert ".npy" in line and ".npz" in line and ".pt" in line, line
+        assert "allow_pickle" not in line
+
+
+def test_pickles_are_never_loaded(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (os.system, (f"touch {marker}",))
+
+    np.save(tmp_path / "objects.npy", np.array([Evil()], dtype=object), allow_pickle=True)
+    line = one_line_error(cli(["encode", "objects.npy", "--socket", "x.sock"], tmp_path), 2)
+    assert "Python objects" in line
+    if _has_torch():
+        (tmp_path / "evil.pt").write_bytes(pickle.dumps(Evil()))
+        line = one_line_error(cli(["encode", "evil.pt", "--socket", "x.sock"], tmp_path), 2)
+        assert "weights_only" in line
+    assert not marker.exists()
+
+
+def test_npz_inputs(daemon: Daemon, tmp_path: Path) -> None:
+    video = np.zeros((3, 32, 32, 3), np.uint8)
+    np.savez(tmp_path / "one.npz", whatever=video)
+    np.savez(tmp_path / "named.npz", frames=video, audio=np.zeros(10))
+    np.savez(tmp_path / "many.npz", a=video, b=video)
+    np.savez(tmp_path / "both.npz", video=video, frames=video)
+    for name in ("one", "named"):
+        result = cli(["encode", f"{name}.npz", "--socket", daemon.socket], tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert len(decode(tmp_path / f"{name}.mp4")[0]) == 3
+    line = one_line_error(cli(["encode", "many.npz", "--socket", daemon.socket], tmp_path), 2)
+    assert "2 arrays (a, b)" in line and "'video'" in line
+    line = one_line_error(cli(["encode", "both.npz", "--socket", daemon.socket], tmp_path), 2)
+    assert "both 'video' and 'frames'" in line
+
+
+def _has_torch() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_torch_tensor_input(daemon: Daemon, tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    torch.save(torch.rand(1, 3, 4, 32, 32, dtype=torch.bfloat16) * 2 - 1, tmp_path / "t.pt")
+    result = cli(["encode", "t.pt", "--socket", daemon.socket, "--value-range", "-1,1"],
+                 tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert len(decode(tmp_path / "t.mp4")[0]) == 4
+
+
+def test_torch_input_without_torch(tmp_path: Path) -> None:
+    blocker = tmp_path / "no-torch" / "torch"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('torch is not installed')\n")
+    (tmp_path / "t.pt").write_bytes(b"PK\x03\x04")
+    result = cli(["encode", "t.pt", "--socket", "x.sock"], tmp_path,
+                 {"PYTHONPATH": f"{tmp_path / 'no-torch'}{os.pathsep}{os.getcwd()}"})  # fmt: skip
+    line = one_line_error(result, 2)
+    assert "need torch" in line and ".npy" in line
+
+
+# -- 4. help -----------------------------------------------------------------------------
+
+
+def test_help_explains_every_option_and_shows_defaults(tmp_path: Path) -> None:
+    encode = " ".join(cli(["encode", "--help"], tmp_path).stdout.split())
+    for flag, text in {
+        "--fps FPS": "frames per second [default: 24.0]",
+        "--crf CRF": "quality: lower is better",
+        "--preset PRESET": "speed against size",
+        "--sample-rate HZ": "sample rate of --audio",
+        "--overwrite": "replace the output file",
+        "--timeout": None,
+    }.items():
+        if text is None:
+            assert flag not in encode
+        else:
+            assert f"{flag} {text}" in encode, flag
+    assert ".npz" in encode and ".pt" in encode
+    health = cli(["health", "--help"], tmp_path).stdout
+    assert "seconds to wait" in health and "[default: 5.0]" in health
+    serve = cli(["serve", "--help"], tmp_path).stdout
+    assert "--insecure, --no-insecure" in serve and "[default: 64MiB;" in serve
+    assert "--insecure true|false" in " ".join(serve.split())
+
+
+def test_a_bad_size_says_what_a_size_looks_like(tmp_path: Path) -> None:
+    line = usage_error(cli(["serve", "--slab-size", "16X"], tmp_path))
+    assert "16MiB" in line and "1GiB" in line and "parse_size" not in line
+    line = one_line_error(cli(["config"], tmp_path, {"VIDEO_SIDECAR_SLAB_SIZE": "big"}), 2)
+    assert "VIDEO_SIDECAR_SLAB_SIZE" in line and "16MiB" in line
+
+
+def test_bad_numbers_are_usage_errors(tmp_path: Path) -> None:
+    assert "positive" in usage_error(cli(["health", "--timeout", "-1"], tmp_path))
+    assert "positive" in usage_error(cli(["encode", "x.npy", "--fps", "0"], tmp_path))
+    assert "at least 1" in usage_error(cli(["demo", "--frames", "0"], tmp_path))
+    assert "whole number" in usage_error(cli(["config", "--slabs", "2.5"], tmp_path))
+    assert "finite" in usage_error(cli(["config", "--lease-ttl", "nan"], tmp_path))
+    line = one_line_error(cli(["encode", "x.npy", "--audio", "a.npy"], tmp_path), 2)
+    assert "--sample-rate" in line
+
+
+# -- 5./6a. the output file ----------------------------------------------------------------
+
+
+def test_output_is_checked_before_anything_is_encoded(tmp_path: Path) -> None:
+    clip(tmp_path / "clip.npy")
+    (tmp_path / "taken.mp4").write_bytes(b"keep me")
+    absent = str(tmp_path / "absent" / "s.sock")  # no daemon: none may be started
+    cases = {
+        "exists; pass --overwrite": ["-o", "taken.mp4"],
+        "directory missingdir does not exist": ["-o", "missingdir/a.mp4"],
+        "is a directory": ["-o", str(tmp_path)],
+        "is the input file": ["-o", "clip.npy", "--overwrite"],
+        "not a regular file": ["-o", os.devnull, "--overwrite"],
+    }
+    for expected, args in cases.items():
+        result = cli(["encode", "clip.npy", "--socket", absent, *args], tmp_path, timeout=30)
+        line = one_line_error(result, 2)
+        assert expected in line, line
+    assert (tmp_path / "taken.mp4").read_bytes() == b"keep me"
+    assert not (tmp_path / "absent").exists(), "a daemon was started for a refused output"
+    assert not list(tmp_path.glob(".*.part"))
+
+
+def test_overwrite_replaces(daemon: Daemon, tmp_path: Path) -> None:
+    clip(tmp_path / "clip.npy")
+    (tmp_path / "clip.mp4").write_bytes(b"old")
+    result = cli(["encode", "clip.npy", "--socket", daemon.socket, "--overwrite"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert len(decode(tmp_path / "clip.mp4")[0]) == 4
+    assert not list(tmp_path.glob(".*.part"))
+
+
+def test_webm_output_name_picks_the_container(daemon: Daemon, tmp_path: Path) -> None:
+    clip(tmp_path / "clip.npy")
+    result = cli(["encode", "clip.npy", "-o", "out.webm", "--socket", daemon.socket], tmp_path)
+    assert result.returncode == 0 and "vp9 in webm" in result.stdout, result.stderr
+
+
+# -- 6b. a second socket while a daemon runs ----------------------------------------------
+
+
+def test_wrong_socket_with_a_taken_prefix_is_one_line_and_leaves_nothing(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    clip(tmp_path / "clip.npy")
+    wrong = tmp_path / "wrong" / "deeper" / "s.sock"
+    result = cli(["encode", "clip.npy", "--socket", str(wrong)], tmp_path,
+                 {"VIDEO_SIDECAR_SHM_PREFIX": daemon.prefix})  # fmt: skip
+    line = one_line_error(result, 1)
+    assert f"already owns shm prefix '{daemon.prefix}'" in line, line
+    assert "log:" in line
+    assert not (tmp_path / "wrong").exists(), "the socket directory was left behind"
+    assert not (tmp_path / "clip.mp4").exists() and not list(tmp_path.glob(".*.part"))
+    with daemon.client() as c:  # the running daemon is untouched
+        assert c.health() == "SERVING"
+
+
+@pytest.mark.parametrize("given", ["wrong/s.sock", "WRONG"])
+def test_wrong_socket_gets_its_own_prefix(daemon: Daemon, tmp_path: Path, given: str) -> None:
+    # "WRONG" is a file here, as the help says (--socket PATH), not a host to look up.
+    clip(tmp_path / "clip.npy")
+    wrong = tmp_path / given
+    prefix = auto_shm_prefix(str(wrong))
+    assert prefix.startswith(f"video-sidecar-{os.getuid()}-") and prefix != daemon.prefix
+    try:
+        result = cli(["encode", "clip.npy", "--socket", given], tmp_path, timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert f"shm prefix {prefix}" in result.stderr
+        log = tmp_path / "state" / "video-sidecar" / f"{prefix}.log"
+        assert str(log) in result.stderr and "serving on" in log.read_text()
+        assert "sidecar.server" not in result.stderr  # its log went to the file
+    finally:
+        leaked = prefix_segments(prefix)
+        for name in leaked:
+            (SHM_DIR / name).unlink(missing_ok=True)
+    assert not leaked, f"the auto-started daemon left {leaked}"
+    assert not wrong.exists() and not (tmp_path / "wrong").exists()
+
+
+def test_no_daemon_is_started_for_a_network_address(tmp_path: Path) -> None:
+    clip(tmp_path / "clip.npy")
+    result = cli(["encode", "clip.npy", "--socket", "127.0.0.1:1"], tmp_path, timeout=60)
+    line = one_line_error(result, 1)
+    assert "no daemon answers at 127.0.0.1:1" in line and "--tcp 127.0.0.1:1" in line
+
+
+def test_encode_takes_an_shm_prefix(tmp_path: Path) -> None:
+    clip(tmp_path / "clip.npy")
+    prefix = new_prefix()
+    sock = tmp_path / "s" / "s.sock"
+    result = cli(["encode", "clip.npy", "--socket", str(sock), "--shm-prefix", prefix], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"shm prefix {prefix}" in result.stderr
+    assert prefix_segments(prefix) == [] and not sock.parent.exists()
+
+
+# -- 6c. Ctrl-C -----------------------------------------------------------------------------
+
+
+def test_ctrl_c_during_encode_is_one_line_and_stops_the_daemon(tmp_path: Path) -> None:
+    # Noise at a slow preset: an encode that takes long enough to interrupt.
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "noise.npy", rng.integers(0, 256, (48, 360, 640, 3), dtype=np.uint8))
+    prefix = new_prefix()
+    sock = tmp_path / "run" / "s.sock"
+    base = {k: v for k, v in os.environ.items() if not k.startswith("VIDEO_SIDECAR_")}
+    env = base | {
+        "XDG_STATE_HOME": str(tmp_path / "state"),
+        "VIDEO_SIDECAR_OUTPUT_DIR": str(tmp_path / "out"),
+        "VIDEO_SIDECAR_SHM_PREFIX": prefix,
+        "VIDEO_SIDECAR_SLABS": "2",
+        "VIDEO_SIDECAR_SLAB_SIZE": "64MiB",
+    }
+    command = [*CLI, "encode", "noise.npy", "--socket", str(sock), "--preset", "veryslow"]
+    # Its own process group, as a shell gives a foreground job: the terminal's Ctrl-C
+    # goes to that group, which the auto-started daemon must not be part of.
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        with SidecarClient(str(sock), timeout=2) as probe:
+            while True:
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < deadline, "the daemon never came up"
+                try:
+                    if probe.status().active_encodes + probe.status().queued_encodes:
+                        break
+                except Exception:
+                    pass
+                time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    assert stderr.strip().splitlines()[-1] == "video-sidecar: interrupted"
+    assert "sidecar.server" not in stderr  # the daemon's log went to its file
+    assert prefix_segments(prefix) == [], "the auto-started daemon left segments"
+    assert not sock.exists() and not sock.parent.exists()
+    assert not (tmp_path / "noise.mp4").exists() and not list(tmp_path.glob(".*.part"))
+
+
+# -- 6d. no daemon ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["status", "health"])
+def test_no_daemon_says_how_to_start_one(tmp_path: Path, command: str) -> None:
+    sock = str(tmp_path / "none.sock")
+    line = one_line_error(cli([command, "--socket", sock], tmp_path, timeout=60), 1)
+    assert f"no daemon answers at {sock}" in line
+    assert f"video-sidecar serve --socket {sock}" in line
+    assert "failed to connect" not in line
+
+
+# -- 7. the demo's output --------------------------------------------------------------------
+
+
+def test_demo_replaces_its_one_file(daemon: Daemon, tmp_path: Path) -> None:
+    args = ["demo", "--socket", daemon.socket, "--frames", "3", "--width", "64",
+            "--height", "64"]  # fmt: skip
+    before = set(daemon.output_dir.rglob("*.mp4")) if daemon.output_dir.exists() else set()
+    for _ in range(2):
+        result = cli(args, tmp_path)
+        assert result.returncode == 0, result.stderr
+    after = set(daemon.output_dir.rglob("*.mp4")) - before
+    demo_file = (daemon.output_dir / "demo" / "demo.mp4").resolve()
+    assert {p.resolve() for p in after} <= {demo_file} and demo_file.exists()
+    assert f"wrote {demo_file}" in result.stdout
+    assert "demo/demo.mp4" in " ".join(cli(["demo", "--help"], tmp_path).stdout.split())
+
+    named = [*args, "-o", f"named-{os.getpid()}.mp4"]
+    assert cli(named, tmp_path).returncode == 0
+    line = one_line_error(cli(named, tmp_path), 1)
+    assert "exists" in line and "--overwrite" in line
+    assert cli([*named, "--overwrite"], tmp_path).returncode == 0
+
+
+# -- 8. other rough edges ----------------------------------------------------------------------
+
+
+def test_a_closed_pipe_is_not_a_traceback(tmp_path: Path) -> None:
+    proc = subprocess.Popen([*CLI, "config"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path)  # fmt: skip
+    assert proc.stdout is not None
+    proc.stdout.close()  # as `video-sidecar config | head -0` would
+    _, stderr = proc.communicate(timeout=60)
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
