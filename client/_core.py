@@ -22,7 +22,7 @@ from grpc_health.v1.health_pb2_grpc import HealthStub
 
 from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
-from sidecar.config import default_socket
+from sidecar.config_values import default_socket
 from sidecar.vocabulary import MAX_MESSAGE_BYTES, Reason
 
 from ._audio import Pcm
