@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 CUDA_SUCCESS = 0
 ALREADY_REGISTERED = 712  # cudaErrorHostMemoryAlreadyRegistered
 REGISTER_PORTABLE = 1  # cudaHostRegisterPortable: visible to every context
-GPU_BATCH_BYTES = 64 * 1024 * 1024  # float32 scratch per conversion batch on the GPU
+GPU_BATCH_BYTES = 64 * 1024 * 1024  # scratch per conversion batch on the GPU
 
 
 class CudaRuntime:
@@ -193,7 +193,12 @@ class CudaVideo:
         self._side.wait_event(self._ready)
         self._ops = Ops(torch)
         self._identity = conversion.integer and not conversion.yuv
-        scratch = self.height * self.width * channels * 4
+        from . import _yuv_kernel  # imports Triton: only once a CUDA tensor comes
+
+        self._kernel = _yuv_kernel
+        # 4:2:0 in one kernel where Triton is at hand; it needs no float scratch.
+        self._fused = conversion.yuv and _yuv_kernel.available()
+        scratch = self.frame_bytes if self._fused else self.height * self.width * channels * 4
         self._batch = max(1, GPU_BATCH_BYTES // scratch)
 
     @property
@@ -206,11 +211,22 @@ class CudaVideo:
         shape = frame_shape(self.pixel_format, self.width, self.height)
         dst = torch.from_numpy(region[: count * self.frame_bytes]).view(count, *shape)
         step = count if self._identity else self._batch
-        with torch.cuda.stream(self._side):
+        with torch.cuda.device(self.device), torch.cuda.stream(self._side):
             for first in range(start, start + count, step):
                 last = min(first + step, start + count)
-                out = self.conversion.apply(self.frames_thwc[first:last], self._ops)
+                out = self._convert(self.frames_thwc[first:last], shape)
                 dst[first - start : last - start].copy_(out, non_blocking=True)
+
+    def _convert(self, batch: Any, shape: tuple[int, ...]) -> Any:
+        """Wire frames for `batch`, on the GPU (the caller's own frames when they are)."""
+        conversion = self.conversion
+        if not self._fused:
+            return conversion.apply(batch, self._ops)
+        out = self._torch.empty((len(batch), *shape), dtype=self._torch.uint8, device=self.device)
+        scale, shift = (1.0, 0.0) if conversion.integer else (conversion.scale, conversion.offset)
+        nv12 = conversion.pixel_format == "nv12"
+        self._kernel.rgb_to_yuv420(batch, out, scale, shift, nv12)
+        return out
 
     def finish(self) -> None:
         done = self._torch.cuda.Event()

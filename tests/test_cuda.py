@@ -190,3 +190,31 @@ def test_forked_child_does_not_reuse_registrations(
         # The parent's registrations survived the child.
         assert c.cuda_registrations == registered
         assert c.encode(gpu, threads=1).data == baseline
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("fmt", ["yuv420p", "nv12"])
+def test_fused_420_kernel_matches_the_elementwise_path(dtype: str, fmt: str) -> None:
+    """The one-kernel conversion gives the planes the elementwise path gives, from any
+    dtype and from a permuted (CTHW) view, NaN included."""
+    from client import _yuv_kernel
+
+    if not _yuv_kernel.available():
+        pytest.skip("Triton is not installed")
+    rng = np.random.default_rng(1)
+    k, h, w = 5, 94, 170
+    if dtype == "uint8":
+        cthw = torch.from_numpy(rng.integers(0, 256, (3, k, h, w), dtype=np.uint8)).cuda()
+        scale, shift, integer = 1.0, 0.0, True
+    else:
+        values = rng.uniform(-1.1, 1.1, (3, k, h, w)).astype(np.float32)
+        cthw = torch.from_numpy(values).cuda().to(getattr(torch, dtype))
+        cthw[0, 0, 0, 0] = float("nan")
+        scale, shift, integer = 127.5, 127.5, False
+    view = cthw.permute(1, 2, 3, 0)  # (k, h, w, 3), not contiguous
+    out = torch.empty((k, h * 3 // 2, w), dtype=torch.uint8, device="cuda")
+    _yuv_kernel.rgb_to_yuv420(view, out, scale, shift, fmt == "nv12")
+    reference = Conversion(fmt, scale, shift, integer).apply(view, Ops(torch))
+    diff = (out.int() - reference.int()).abs()
+    assert int(diff.max()) <= 1  # a fused multiply-add may round a tie the other way
+    assert float((diff > 0).float().mean()) < 0.001
