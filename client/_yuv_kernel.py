@@ -33,12 +33,12 @@ def available() -> bool:
 if triton is not None:
 
     @triton.jit
-    def _levels(src: Any, offset: Any, mask: Any, scale: float, shift: float) -> Any:
+    def _levels(src, offset, mask, scale, shift):
         value = tl.load(src + offset, mask=mask, other=0).to(tl.float32)
         return value * scale + shift
 
     @triton.jit
-    def _to_byte(x: Any) -> Any:
+    def _to_byte(x):
         x = tl.where(x != x, 0.0, x)  # noqa: PLR0124 - NaN is the value unequal to itself
         x = tl.minimum(tl.maximum(x, 0.0), 255.0)
         r = tl.floor(x + 0.5)
@@ -48,16 +48,16 @@ if triton is not None:
 
     @triton.jit
     def _rgb_to_420(
-        src: Any,
-        dst: Any,
-        height: int,
-        width: int,
-        s_t: int,
-        s_h: int,
-        s_w: int,
-        s_c: int,
-        scale: float,
-        shift: float,
+        src,
+        dst,
+        height,
+        width,
+        s_t,
+        s_h,
+        s_w,
+        s_c,
+        scale,
+        shift,
         NV12: tl.constexpr,
         BLOCK: tl.constexpr,
         YR: tl.constexpr,
@@ -69,7 +69,7 @@ if triton is not None:
         VR: tl.constexpr,
         VG: tl.constexpr,
         VB: tl.constexpr,
-    ) -> None:
+    ):
         pair = tl.program_id(0)  # frame * (height // 2) + chroma row
         half_h = height // 2
         frame = pair // half_h
