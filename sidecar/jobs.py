@@ -272,6 +272,11 @@ class EncodeJob:
     # -- opening -------------------------------------------------------------------------
 
     @property
+    def warm_key(self) -> EncoderKey | None:
+        """The settings this job took a ready encoder for, if it went to the warm pool."""
+        return self._checked_out
+
+    @property
     def key(self) -> EncoderKey:
         fixed = self.threads if self._fixed_threads else 0
         return EncoderKey.of(self.plan.geometry, self.plan.codec, self.thread_type, fixed)

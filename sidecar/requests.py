@@ -3,6 +3,7 @@ turns into protobuf)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .audio import AudioFormat
@@ -96,6 +97,9 @@ class Result:
     audio_samples: int
     timings_ms: dict[str, float]
     next_lease: Lease | None = None
+    # Work for once the client has its answer (opening the next encoder for spaced-out
+    # traffic, which holds the GIL for milliseconds).
+    after: Callable[[], None] | None = None
 
 
 Event = Progress | Chunk | Result

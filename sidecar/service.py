@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -319,6 +320,8 @@ class Sidecar:
                 "total_ms": (time.perf_counter() - received_at) * 1e3,
             },
             next_lease=next_lease,
+            # Holds the settings, not the job: nothing of it may outlive the request.
+            after=functools.partial(self.warm.answered, job.warm_key) if job.warm_key else None,
         )
 
     # -- reporting -----------------------------------------------------------------------

@@ -228,6 +228,8 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
             async for event in events(stop):
                 if isinstance(event, Result):
                     outcome, frames, size = "OK", event.frames, event.size_bytes
+                    if event.after is not None:  # once the answer has gone out
+                        context.add_done_callback(_run(event.after))
                 yield event_to_proto(event, self.sidecar.config.lease_ttl)
         except SidecarError as exc:
             outcome = status_of(exc).name
@@ -269,6 +271,11 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
 def _request_id(given: str) -> str:
     """The id to log under: the client's if it is valid, else one made up."""
     return given if _REQUEST_ID_RE.match(given) else secrets.token_hex(8)
+
+
+def _run(action: Callable[[], None]) -> Callable[[Any], None]:
+    """A done-callback that runs `action` once the RPC has ended."""
+    return lambda _context: action()
 
 
 def check_request_id(given: str) -> None:

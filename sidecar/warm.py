@@ -1,11 +1,14 @@
 """Encoders opened ahead of time for the settings the daemon is serving.
 
 Opening libx264 and the colour converter costs several milliseconds, as much as encoding a
-short clip, and holds the GIL. Generation servers send the same settings back to back, so
-the moment a request takes a ready encoder, the pool starts opening the next one on a
-background thread, while that request encodes: the next request finds it ready instead of
-paying the open. The pool keeps as many ready per setting as that setting has had
-requests in flight at once recently, so 8 concurrent clients find 8.
+short clip, and holds the GIL. Generation servers send the same settings again and again,
+so the pool opens the next encoder for a setting on a background thread when a request
+takes one: the next request finds it ready instead of paying the open. When requests come
+back to back (or several at once), it opens the next one at once, while the request
+encodes; when they are spaced out, once the request is answered, in the idle time, so the
+open holds no GIL against the request's frames. The pool keeps as many ready per setting
+as that setting has had requests in flight at once recently, so 8 concurrent clients
+find 8.
 
 The thread count is not part of the key: a ready encoder is opened with a share of the
 cores for the concurrency its setting sees, and a request that takes it uses it as is.
@@ -32,6 +35,8 @@ from .frames import Geometry
 MAX_WARM_BYTES = 64 * 1024 * 1024
 MAX_IDLE_S = 120.0  # a ready encoder unused this long is closed
 DEMAND_WINDOW_S = 30.0  # how long a burst of concurrency is remembered
+STEADY_GAP_S = 0.005  # a request this soon after the last one ended is back to back
+SPACED_IDLE_S = 0.05  # a ready encoder that waited this long served spaced-out traffic
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,9 @@ class WarmPool:
         self._opening: Counter[EncoderKey] = Counter()
         self._in_use: Counter[EncoderKey] = Counter()
         self._demand: dict[EncoderKey, tuple[int, float]] = {}  # peak in use, and when
+        self._ended: dict[EncoderKey, float] = {}  # when the last encode for a key ended
+        self._deferred: dict[EncoderKey, tuple[int, Opener]] = {}  # openings for later
+        self._late: set[EncoderKey] = set()  # keys whose openings for later came too late
         self._lock = threading.Lock()
         self._closed = False
         self._executor: ThreadPoolExecutor | None = None
@@ -145,8 +153,21 @@ class WarmPool:
                 self.hits += 1
             else:
                 self.misses += 1
-            missing = self._wanted(key) - len(ready) - self._opening[key]
-            self._opening[key] += max(0, missing)
+            missing = max(0, self._wanted(key) - len(ready) - self._opening[key])
+            # Back to back (this request came right after the last one ended): open the
+            # next ones now, during this encode, or they would not be ready in time.
+            # Spaced out: open them once this request is answered, in the idle time,
+            # so the open holds no GIL against this request's frames.
+            if warm is None and self._opening[key]:
+                self._late.add(key)  # an opening left for later did not make it in time
+            elif warm is not None and now - warm.ready_at > SPACED_IDLE_S:
+                self._late.discard(key)  # it waited for its request: spaced out again
+            gap = now - self._ended.get(key, -1e9)
+            steady = gap < STEADY_GAP_S or self._in_use[key] > 1 or key in self._late
+            if not steady and missing:
+                self._deferred[key] = (missing, opener)
+                missing = 0
+            self._opening[key] += missing
         for old in stale:
             old.discard()
         for _ in range(missing):
@@ -158,6 +179,17 @@ class WarmPool:
             self._in_use[key] -= 1
             if not self._in_use[key]:
                 del self._in_use[key]
+            self._ended[key] = time.monotonic()
+
+    def answered(self, key: EncoderKey) -> None:
+        """The request that took an encoder for `key` has its answer: open what it left
+        for later (see `checkout`)."""
+        with self._lock:
+            missing, opener = self._deferred.pop(key, (0, None))
+            self._opening[key] += missing
+        for _ in range(missing):
+            assert opener is not None
+            self._submit(key, opener)
 
     def demand(self, key: EncoderKey) -> int:
         with self._lock:

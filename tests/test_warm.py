@@ -89,11 +89,11 @@ def test_ready_encoders_follow_concurrency_within_capacity() -> None:
 
     a = key(64)
     try:
-        assert pool.checkout(a, opener) is None  # cold: a miss; the next one starts opening
+        assert pool.checkout(a, opener) is None  # cold: a miss; the next one waits for later
         assert pool.checkout(a, opener) is None  # two at once: the pool wants two ready
         gate.set()
         settle(pool, opened, 2)
-        assert [w.threads for w in opened] == [16, 8]  # opened for 1, then for 2 at once
+        assert [w.threads for w in opened] == [8, 8]  # both opened for the 2 at once
         pool.checkin(a)
         pool.checkin(a)
         assert pool.checkout(a, opener) is opened[0]  # a hit, and one more starts opening
@@ -110,3 +110,33 @@ def test_ready_encoders_follow_concurrency_within_capacity() -> None:
         gate.set()
         pool.close()
     assert all(w.discarded for w in opened[1:])  # closing discards every ready one
+
+
+def test_spaced_traffic_opens_after_the_answer() -> None:
+    """A lone request leaves the next opening until it is answered; one that finds the
+    opening still under way makes the pool open at once from then on."""
+    pool = WarmPool(capacity=2)
+    pool.start()
+    opened: list[FakeWarm] = []
+
+    def opener(concurrency: int) -> WarmEncoder:
+        opened.append(FakeWarm(16 // concurrency))
+        return cast(WarmEncoder, opened[-1])
+
+    a = key(64)
+    try:
+        assert pool.checkout(a, opener) is None
+        time.sleep(0.1)
+        assert opened == []  # nothing opens while the request runs
+        pool.checkin(a)
+        pool.answered(a)
+        settle(pool, opened, 1)
+        time.sleep(0.1)  # spaced out
+        assert pool.checkout(a, opener) is opened[0]  # ready, and it waited: still spaced
+        time.sleep(0.1)
+        assert len(opened) == 1  # the next one waits for the answer again
+        pool.checkin(a)
+        pool.answered(a)
+        settle(pool, opened, 2)
+    finally:
+        pool.close()
