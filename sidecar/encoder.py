@@ -224,10 +224,7 @@ class FrameConverter:
         # PyAV mis-sizes borrowed 4:2:0 frames whose height is not a multiple of 4.
         self._copy_420 = self._layout.planar420 and geometry.height % 4 != 0
         self._reformatter = VideoReformatter()
-        # swscale's threads pay off only on large frames: on a 448x256 frame five threads
-        # take twice as long as one. About one thread per half megapixel, at most 8.
-        pixels = geometry.width * geometry.height
-        self._threads = max(1, min(threads, 8, pixels // PIXELS_PER_CONVERT_THREAD))
+        self._threads = max(1, min(threads, 8)) if threads else 1
 
     def frame(self, image: np.ndarray) -> av.VideoFrame:
         """A PyAV frame over `image` (borrowed), converted to yuv420p if need be."""
@@ -253,9 +250,6 @@ class FrameConverter:
         """Set up the colour converter ahead of the first frame."""
         if self._needs_convert:
             self.frame(blank)
-
-
-PIXELS_PER_CONVERT_THREAD = 500_000
 
 
 @dataclass
