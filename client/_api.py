@@ -123,6 +123,7 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
         threads: int = 0,
         extra: Mapping[str, Any] | None = None,
         request_id: str = "",
+        on_chunk: Callable[[bytes], None] | None = None,
         on_progress: ProgressCallback | None = None,
         timeout: float | None = None,
     ) -> ResultT:
@@ -144,9 +145,19 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
                 conversion in the daemon); "bgr24", "rgba" and "gray" are taken as they
                 are. A uint8 numpy array (T, H*3/2, W) with "yuv420p" or "nv12" is taken
                 as already converted.
-            layout: "THWC" (the default for 4-D with channels last), "TCHW", "CTHW" or
-                "BCTHW" with B=1 (the default for 5-D); needed when the shape is ambiguous.
-            value_range: the range of float input, (0, 1) or (-1, 1).
+            layout: "THWC", "TCHW", "CTHW" or "BCTHW" with B=1. None reads it from the
+                shape: the one layout that puts 1, 3 or 4 channels on its channel axis
+                (frames 4 pixels wide or high count only if no reading has larger
+                ones). Tie-breaks: one frame of C channels beats C gray frames, so
+                (1, 3, H, W) is one RGB frame; 5-D is BCTHW wherever that fits, as VAEs
+                return it, so (1, 3, 4, H, W) is 4 frames. Any other shape with two
+                readings, e.g. (3, 3, H, W), is InvalidVideo naming them: pass `layout=`.
+            value_range: the range of float input, (0, 1) or (-1, 1); values outside are
+                clipped. When more than 1% of a sample of the video (a few frames, a
+                strided grid of each) lies outside it by more than 5% of its width, a
+                `UserWarning` at the caller's line says so and how to fix it (usually
+                value_range=(-1, 1)); the video is still encoded. Checked on the device
+                for CUDA tensors: one small reduction, one wait for it.
             audio: PCM, (samples, channels) or (samples,), float32 in [-1, 1] or int16;
                 muxed as AAC (MP4) or Opus (WebM), trimmed or padded to the video.
             sample_rate: the audio's rate in Hz; required with `audio`.
@@ -159,7 +170,11 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
             extra: more encoder options, e.g. {"tune": "film"}.
             request_id: the id the daemon logs this request under and returns in
                 `result.request_id`; empty for a generated one.
-            on_progress: called with (frames done, frames in all) while encoding.
+            on_chunk: called with each piece of the output, in order, as it arrives:
+                while encoding with container="fmp4", at the end otherwise; never with
+                `path`. `result.data` still holds the whole file.
+            on_progress: called with (frames done, frames in all) while encoding; the
+                total is the video's length from the first call.
             timeout: seconds for the whole call (a gRPC deadline); None for the client's.
 
         Returns:
@@ -171,7 +186,9 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
         """
         options = EncodeOptions.of(locals())
         fmt = VideoFormat(pixel_format, layout, value_range)
-        steps = encode(self._core, video, options, fmt, audio, sample_rate, on_progress, timeout)
+        steps = encode(
+            self._core, video, options, fmt, audio, sample_rate, on_progress, timeout, on_chunk
+        )
         return self._result(steps)
 
     def stream(
@@ -207,7 +224,10 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
 
         Args:
             fps, path, overwrite, pixel_format, layout, value_range, container, codec,
-            crf, preset, gop, threads, extra, request_id, on_progress: as for `encode`.
+            crf, preset, gop, threads, extra, request_id: as for `encode` (a float range
+                warning is given once a stream).
+            on_progress: as for `encode`, but the total is 0 until the last call: a
+                stream's length is known only when it is closed.
             audio: a PCM track sent with the first chunk (with `sample_rate`).
             sample_rate: the audio's rate in Hz.
             channels: with `sample_rate` and no `audio`: declares the track now, and the

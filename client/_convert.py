@@ -9,6 +9,7 @@ batch of frames at a time, so a large bf16 video never has a full float32 copy.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
@@ -17,6 +18,7 @@ import numpy as np
 from sidecar.vocabulary import PIXEL_FORMATS
 
 from ._errors import InvalidVideo
+from ._layout import guess_layout
 
 LAYOUTS = ("THWC", "TCHW", "CTHW", "BCTHW")
 VALUE_RANGES = {(0, 1): (255.0, 0.0), (-1, 1): (127.5, 127.5)}
@@ -60,30 +62,57 @@ def frames_view(array: Any, layout: str | None) -> Any:
     return view
 
 
-def guess_layout(shape: tuple[int, ...]) -> str:
-    if len(shape) == 5:
-        return "BCTHW"
-    if len(shape) == 3:
-        raise InvalidVideo(
-            f"shape {shape}: 3-D video is ambiguous; pass layout= or add a channel axis"
-        )
-    if len(shape) != 4:
-        raise InvalidVideo(f"shape {shape}: expected a 4-D or 5-D video")
-    last, second = shape[3] in (1, 3, 4), shape[1] in (1, 3, 4)
-    if last and not second:
-        return "THWC"
-    if second and not last:
-        return "TCHW"
-    raise InvalidVideo(
-        f"shape {shape}: cannot tell the channel axis; pass layout='THWC', 'TCHW' or 'CTHW'"
-    )
-
-
 def check_value_range(value_range: tuple[float, float]) -> tuple[float, float]:
     key = (int(value_range[0]), int(value_range[1]))
     if key not in VALUE_RANGES or tuple(value_range) != key:
         raise InvalidVideo(f"value_range {value_range!r}: use (0, 1) or (-1, 1)")
     return VALUE_RANGES[key]
+
+
+# Float values outside the declared range are clipped to it. When many are, the range is
+# likely wrong ([-1, 1] sent as the default [0, 1] loses the whole lower half): a sample
+# of the video is checked, never all of it (a long GPU video would cost a pass over it).
+RANGE_SAMPLE_FRAMES = 4  # frames spread over the video
+RANGE_SAMPLE_PIXELS = 4096  # about this many pixels of each, on a strided grid
+RANGE_SLACK = 0.05  # of the range's width: overshoot this small is the model's own
+RANGE_SHARE = 0.01  # of the sampled values outside: more, and the range is questioned
+
+
+def range_warning(view: Any, value_range: tuple[float, float], torch: Any) -> str | None:
+    """Why `view` (T, H, W, C floats) looks like it is not in `value_range`, or None.
+
+    A strided sample, reduced in one go: on a CUDA tensor one small reduction and one
+    wait for it (on the caller's stream), whatever the video's length."""
+    t, h, w, _ = view.shape
+    step = max(1, math.isqrt(h * w // RANGE_SAMPLE_PIXELS))
+    sample = view[:: -(-t // RANGE_SAMPLE_FRAMES), ::step, ::step]
+    low, high = (float(v) for v in value_range)
+    slack = RANGE_SLACK * (high - low)
+    if torch is not None:
+        x = sample.float()
+        finite = x.nan_to_num(nan=low)
+        stats = torch.stack(
+            [((x < low - slack) | (x > high + slack)).float().mean(), finite.min(), finite.max()]
+        ).tolist()
+    else:
+        x = sample.astype(np.float32)
+        finite = np.nan_to_num(x, nan=low)
+        outside = np.count_nonzero((x < low - slack) | (x > high + slack)) / max(1, x.size)
+        stats = [outside, float(finite.min()), float(finite.max())]
+    share, lowest, highest = stats
+    if share <= RANGE_SHARE:
+        return None
+    declared = f"value_range=({low:g}, {high:g})"
+    if low == 0 and lowest >= -1 - slack and highest <= 1 + slack:
+        fix = "if the video is in [-1, 1], pass value_range=(-1, 1)"
+    elif highest > 2:
+        fix = "for 0..255 levels send uint8, or divide by 255"
+    else:
+        fix = "pass the range the video is in, value_range=(0, 1) or (-1, 1), or clamp it"
+    return (
+        f"{share:.0%} of the sampled values of this float video lie outside {declared} "
+        f"(they range from {lowest:.3g} to {highest:.3g}) and are clipped to it; {fix}"
+    )
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from ._results import attachment_from_proto, status_from_proto
 from ._slabs import SlabMap
 from ._steps import Call, Exclusive, Steps, Work
 from ._types import Attachment, Lease, Status
-from ._video import VideoSource, prepare_video
+from ._video import VideoSource, prepare_video, warn_caller
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -284,13 +284,16 @@ class ClientCore:
 
     # -- videos and audio ----------------------------------------------------------------
 
-    def prepare(self, video: Any, fmt: VideoFormat) -> VideoSource:
+    def prepare(
+        self, video: Any, fmt: VideoFormat, warn: Callable[[str], object] | None = warn_caller
+    ) -> VideoSource:
         return prepare_video(
             video,
             pixel_format=fmt.pixel_format,
             layout=fmt.layout,
             value_range=fmt.value_range,
             cuda=self._cuda_video,
+            warn=warn,
         )
 
     def _cuda_video(self, view: Any, conversion: Conversion) -> CudaVideo:

@@ -18,6 +18,7 @@ from ._types import EncodeResult, FrameRange, Lease
 from ._video import VideoSource
 
 ProgressCallback = Callable[[int, int], None]
+ChunkCallback = Callable[[bytes], None]
 
 
 def encode(
@@ -29,6 +30,7 @@ def encode(
     sample_rate: int | None,
     on_progress: ProgressCallback | None,
     timeout: float | None,
+    on_chunk: ChunkCallback | None = None,
 ) -> Steps[EncodeResult]:
     clock = Clock()
     source = core.prepare(video, fmt)
@@ -39,12 +41,22 @@ def encode(
         # Larger than the pool lets one request hold, or no shared memory: stream it,
         # each lease freed as soon as its frames are encoded.
         stream = StreamCore(
-            core, options, fmt, audio=pcm, on_progress=on_progress, timeout=timeout, clock=clock
+            core,
+            options,
+            fmt,
+            audio=pcm,
+            on_chunk=on_chunk,
+            on_progress=on_progress,
+            timeout=timeout,
+            clock=clock,
         )
         return (yield from stream.whole(source))
+    # A fresh builder for each attempt: a retried request starts its replies anew.
     return (
         yield from core.reattached(
-            lambda: _encode_source(core, source, options, pcm, clock, on_progress, timeout)
+            lambda: _encode_source(
+                core, source, options, pcm, clock, ResultBuilder(on_progress, on_chunk), timeout
+            )
         )
     )
 
@@ -55,7 +67,7 @@ def _encode_source(
     options: EncodeOptions,
     pcm: Pcm | None,
     clock: Clock,
-    on_progress: ProgressCallback | None,
+    builder: ResultBuilder,
     timeout: float | None,
 ) -> Steps[EncodeResult]:
     att = yield from core.attach()
@@ -83,7 +95,7 @@ def _encode_source(
             audio=pcm.spec() if pcm is not None else None,
             audio_data=audio_data,
         )
-        return (yield from _call_encode(core, request, clock, on_progress, timeout))
+        return (yield from _call_encode(core, request, clock, builder, timeout))
     except GeneratorExit:
         raise
     except BaseException:
@@ -103,17 +115,16 @@ def encode_leased(
     clock = Clock()
     att = yield from core.attach()
     request = options.request(att.client_token, frames, ranges)
-    return (yield from _call_encode(core, request, clock, on_progress, timeout))
+    return (yield from _call_encode(core, request, clock, ResultBuilder(on_progress), timeout))
 
 
 def _call_encode(
     core: ClientCore,
     request: pb.EncodeRequest,
     clock: Clock,
-    on_progress: ProgressCallback | None,
+    builder: ResultBuilder,
     timeout: float | None,
 ) -> Steps[EncodeResult]:
-    builder = ResultBuilder(on_progress)
     asked_at = time.monotonic()
     yield Replies(request, timeout or core.timeout, builder.feed)
     clock.stop()

@@ -65,8 +65,16 @@ class Clock:
 class ResultBuilder:
     """Consumes an Encode reply stream; `result()` assembles the EncodeResult."""
 
-    def __init__(self, on_progress: Callable[[int, int], None] | None = None) -> None:
+    def __init__(
+        self,
+        on_progress: Callable[[int, int], None] | None = None,
+        on_chunk: Callable[[bytes], None] | None = None,
+    ) -> None:
         self._on_progress = on_progress
+        self._on_chunk = on_chunk
+        # The video's length when the client knows it and the daemon does not (a whole
+        # video sent as a stream): progress then has a total from the start.
+        self.frames_total = 0
         self._chunks: list[bytes] = []
         self._received = 0
         self._result: pb.EncodeResult | None = None
@@ -77,7 +85,8 @@ class ResultBuilder:
         kind = event.WhichOneof("event")
         if kind == "progress":
             if self._on_progress is not None:
-                self._on_progress(event.progress.frames_done, event.progress.frames_total)
+                total = event.progress.frames_total or self.frames_total
+                self._on_progress(event.progress.frames_done, total)
         elif kind == "chunk":
             if event.chunk.offset != self._received:
                 raise ServerError(
@@ -85,6 +94,8 @@ class ResultBuilder:
                 )
             self._chunks.append(event.chunk.data)
             self._received += len(event.chunk.data)
+            if self._on_chunk is not None:
+                self._on_chunk(event.chunk.data)
             return event.chunk.data
         elif kind == "result":
             self._result = event.result

@@ -35,7 +35,7 @@ from ._options import EncodeOptions, VideoFormat, VideoGeometry
 from ._results import Clock, ResultBuilder
 from ._steps import OnStream, OpenStream, Steps, Work
 from ._types import EncodeResult, Lease
-from ._video import VideoSource
+from ._video import VideoSource, warn_caller
 
 # Frames sent inline travel in messages of at most 4 MiB, as the README promises: under
 # gRPC's default limit, for whatever stands between the two ends.
@@ -63,11 +63,11 @@ class StreamCore:
         self.fmt = fmt
         self.audio = audio
         self.audio_format = audio_format if audio is None else (audio.sample_rate, audio.channels)
-        self.on_chunk = on_chunk
         # Output as it arrives, then None once the replies end: the twin's `chunks()`.
         self.on_data: Callable[[bytes | None], object] = lambda data: None
         self.timeout = timeout  # for the whole stream, as a gRPC deadline
-        self.builder = ResultBuilder(on_progress)
+        self.builder = ResultBuilder(on_progress, on_chunk)
+        self.range_warned = False  # a float range warning is given once a stream
         self.clock = clock or Clock()
         self.result: EncodeResult | None = None
         self.error: SidecarError | None = None
@@ -81,7 +81,12 @@ class StreamCore:
     # -- writing -------------------------------------------------------------------------
 
     def write(self, video: Any) -> Steps[None]:
-        yield from self.write_source(self.client.prepare(video, self.fmt))
+        warn = None if self.range_warned else self._warn_range
+        yield from self.write_source(self.client.prepare(video, self.fmt, warn))
+
+    def _warn_range(self, message: str) -> None:
+        self.range_warned = True
+        warn_caller(message)
 
     def write_source(self, source: VideoSource) -> Steps[None]:
         if self.closed:
@@ -167,10 +172,8 @@ class StreamCore:
             self.on_data(None)
 
     def take_reply(self, event: pb.EncodeEvent) -> None:
-        data = self.builder.feed(event)
+        data = self.builder.feed(event)  # on_chunk first, then `chunks()`
         if data is not None:
-            if self.on_chunk is not None:
-                self.on_chunk(data)
             self.on_data(data)
 
     def raise_if_failed(self) -> None:
@@ -224,6 +227,7 @@ class StreamCore:
 
     def whole(self, source: VideoSource) -> Steps[EncodeResult]:
         """A whole video sent as one stream (too large for the pool, or inline)."""
+        self.builder.frames_total = source.frames  # the daemon learns it only at the end
         try:
             yield from self.write_source(source)
         except GeneratorExit:

@@ -13,6 +13,10 @@ The client never imports torch itself: a tensor is recognised by its type's modu
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -28,11 +32,26 @@ from ._convert import (
     dtype_name,
     frames_view,
     is_planar420,
+    range_warning,
     wire_format,
 )
 from ._errors import InvalidVideo
 
 CPU_BATCH_BYTES = 32 * 1024 * 1024  # float32 scratch per conversion batch on the CPU
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def warn_caller(message: str) -> None:
+    """A UserWarning attributed to the first frame outside this package: the caller's line
+    that called `encode` or `write`, through either twin and however deep the steps."""
+    level, frame = 2, sys._getframe(1)
+    while frame.f_back is not None and _inside(frame.f_code.co_filename):
+        level, frame = level + 1, frame.f_back
+    warnings.warn(message, UserWarning, stacklevel=level)
+
+
+def _inside(filename: str) -> bool:
+    return os.path.abspath(filename).startswith(PACKAGE_DIR)
 
 
 class VideoSource(Protocol):
@@ -153,10 +172,13 @@ def prepare_video(
     layout: str | None = None,
     value_range: tuple[float, float] = (0, 1),
     cuda: Any = None,
+    warn: Callable[[str], object] | None = warn_caller,
 ) -> VideoSource:
     """Check a video and pick how its frames reach the lease.
 
     `cuda` makes the `CudaVideo` for a CUDA tensor (the client passes its CUDA state).
+    `warn` gets the message when a float video looks out of `value_range` (see
+    `range_warning`); None skips the check.
     """
     if pixel_format is not None and pixel_format not in PIXEL_FORMATS:
         raise InvalidVideo(
@@ -182,7 +204,7 @@ def prepare_video(
             )
         return PlanarVideo(video, pixel_format)
     if pixel_format == "gray" and video.ndim == 3 and layout is None:
-        video = video[..., None]
+        video, layout = video[..., None], "THWC"  # the channel axis is the one added here
 
     view = frames_view(video, layout)
     wire = wire_format(view.shape[3], pixel_format)
@@ -192,10 +214,15 @@ def prepare_video(
         )
     scale, offset = check_value_range(value_range)
     conversion = Conversion(wire, scale, offset, integer=dtype == "uint8")
-    if torch is not None and video.device.type == "cuda":
-        if cuda is None:
-            raise InvalidVideo("CUDA tensors need a client with CUDA support")
-        return cuda(view, conversion)  # type: ignore[no-any-return]
-    if torch is not None and video.device.type != "cpu":
+    device = video.device.type if torch is not None else "cpu"
+    if device not in ("cpu", "cuda"):
         raise InvalidVideo(f"tensor on {video.device}: only CPU and CUDA tensors are supported")
+    if device == "cuda" and cuda is None:
+        raise InvalidVideo("CUDA tensors need a client with CUDA support")
+    if warn is not None and not conversion.integer:
+        message = range_warning(view, value_range, torch)
+        if message is not None:
+            warn(message)
+    if device == "cuda":
+        return cuda(view, conversion)  # type: ignore[no-any-return]
     return ArrayVideo(view, conversion, Ops(torch))

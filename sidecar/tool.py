@@ -71,11 +71,17 @@ class ProgressBar:
     def __call__(self, done: int, total: int) -> None:
         if not self.stream.isatty() or time.monotonic() - self.started < self.after:
             return
-        width = 30
-        filled = int(width * done / total) if total else 0
-        self.stream.write(f"\r[{'#' * filled}{' ' * (width - filled)}] {done}/{total} frames")
+        self.stream.write(f"\r{self.line(done, total)}")
         self.stream.flush()
         self.shown = True
+
+    @staticmethod
+    def line(done: int, total: int, width: int = 30) -> str:
+        """The bar; with no total (a length not known yet), the count alone."""
+        if total <= 0:
+            return f"[{' ' * width}] {done} frames"
+        filled = min(width, width * done // total)
+        return f"[{'#' * filled}{' ' * (width - filled)}] {done}/{total} frames"
 
     def close(self) -> None:
         if self.shown:

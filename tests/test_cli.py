@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from client._video import ArrayVideo
+from client.patterns import moving_pattern
+from sidecar.tool import ProgressBar
 
 from .conftest import new_prefix
 from .helpers import SHM_DIR, Daemon, daemon_command
@@ -139,3 +146,35 @@ def test_diffusion_worker_example(daemon: Daemon) -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "whole video:" in result.stdout and "streamed:" in result.stdout
+
+
+def test_progress_bar_lines() -> None:
+    assert ProgressBar.line(120, 240, width=10) == "[#####     ] 120/240 frames"
+    assert ProgressBar.line(240, 240, width=10) == "[##########] 240/240 frames"
+    assert ProgressBar.line(114, 0, width=10) == "[          ] 114 frames"  # no "114/0"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_of_a_streamed_video_has_its_total(
+    make_daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d = make_daemon(slabs=2, slab_size="1MiB")  # the 4.4 MB video is streamed
+    copy_into = ArrayVideo.copy_into
+
+    def slow_copy(self: ArrayVideo, *args: Any) -> None:
+        time.sleep(0.3)  # progress arrives while the copies go on
+        copy_into(self, *args)
+
+    monkeypatch.setattr(ArrayVideo, "copy_into", slow_copy)
+    terminal = _Terminal()
+    bar = ProgressBar(terminal, after=0)
+    with d.client() as c:
+        c.encode(moving_pattern(40, 144, 256), on_progress=bar)
+    bar.close()
+    shown = [line for line in terminal.getvalue().strip().split("\r") if line]
+    assert len(shown) > 1 and all(line.endswith("/40 frames") for line in shown), shown
+    assert shown[-1] == ProgressBar.line(40, 40)

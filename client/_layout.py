@@ -1,0 +1,107 @@
+"""Which axis of a video is which, when the caller does not say (`layout=None`).
+
+A 4-D shape is read in each layout the client takes, THWC, TCHW and CTHW; a reading is a
+candidate when its channel axis holds 1, 3 or 4 channels. Then:
+
+- frames with a side of at most 4 pixels are taken as a misreading (an axis of
+  channels or frames seen as a side) while another candidate has real frames: so
+  (3, H, W, 3) is three RGB frames (THWC), not frames 3 pixels wide (CTHW);
+- candidates that give the same frames are one (they differ only in axes of length 1:
+  (1, 1, H, W) is one gray frame either way);
+- the one tie-break: one frame of 3 or 4 channels is preferred to 3 or 4 gray frames, so
+  (1, 3, H, W) is one RGB frame (TCHW) and (3, 1, H, W) one RGB frame (CTHW);
+- one candidate left is the layout; several are an error naming them, asking for
+  `layout=`. So (3, 3, H, W) and (4, 3, H, W) (TCHW or CTHW), (4, 3, 4, 3) (all three).
+
+A 5-D shape must be (B, C, T, H, W) with B=1 (BCTHW, the only 5-D layout taken, as VAEs
+return it). Its last four axes are read as above but with no tie-break, and BCTHW is
+taken whenever CTHW is among the readings left. That is the second deliberate
+tie-break: (1, 3, 4, H, W), a VAE's chunk of 4 frames, is BCTHW although (B, T, C, H, W),
+which diffusers pipelines return, would read it as 3 RGBA frames. Where only another
+reading is left the shape is refused, pointing to `video[0]`: (1, 16, 3, H, W) and
+(1, 3, H, W, 3) are (B, T, C, H, W) and (B, T, H, W, C), never frames 3 pixels wide.
+"""
+
+from __future__ import annotations
+
+from ._errors import InvalidVideo
+
+CHANNELS = (1, 3, 4)
+READINGS = ("THWC", "TCHW", "CTHW")  # the 4-D layouts, in the order named in errors
+TINY = 4  # pixels: a frame side this small is read as a misplaced axis, if it can be
+_NAMES = {"THWC": "(T, H, W, C)", "TCHW": "(T, C, H, W)", "CTHW": "(C, T, H, W)"}
+
+
+def thwc(shape: tuple[int, ...], layout: str) -> tuple[int, ...]:
+    """(frames, height, width, channels) of `shape` read as `layout`."""
+    return tuple(shape[layout.index(axis)] for axis in "THWC")
+
+
+def _same_frames(shape: tuple[int, ...], a: str, b: str) -> bool:
+    """Whether two readings put the same elements at the same places."""
+    moved = [[i for i in (r.index(x) for x in "THWC") if shape[i] != 1] for r in (a, b)]
+    return thwc(shape, a) == thwc(shape, b) and moved[0] == moved[1]
+
+
+def readings(
+    shape: tuple[int, ...], order: tuple[str, ...] = READINGS, tie_break: bool = True
+) -> list[str]:
+    """The plausible 4-D layouts of `shape`, by the rules in this module's docstring; of
+    readings that give the same frames, the first in `order`."""
+    found = [r for r in order if thwc(shape, r)[3] in CHANNELS]
+    real = [r for r in found if min(thwc(shape, r)[1:3]) > TINY]
+    found = real or found
+    distinct: list[str] = []
+    for r in found:
+        if not any(_same_frames(shape, r, kept) for kept in distinct):
+            distinct.append(r)
+    if len(distinct) == 2 and tie_break:
+        (t0, h0, w0, c0), (t1, h1, w1, c1) = (thwc(shape, r) for r in distinct)
+        # One frame of c channels, or c gray frames: the frame.
+        if (h0, w0) == (h1, w1) and (t0, c0) == (c1, t1) and 1 in (t0, t1):
+            return [distinct[0] if t0 == 1 else distinct[1]]
+    return distinct
+
+
+def _described(shape: tuple[int, ...], layout: str, name: str) -> str:
+    t, h, w, c = thwc(shape, layout)
+    return f"{name} ({t} frame{'s' * (t != 1)} of {w}x{h}, {c} channel{'s' * (c != 1)})"
+
+
+def guess_layout(shape: tuple[int, ...]) -> str:
+    """The layout of a video of `shape` given without `layout=`; InvalidVideo when the
+    shape has no reading or more than one."""
+    if len(shape) == 3:
+        raise InvalidVideo(
+            f"shape {shape}: 3-D video is ambiguous; pass layout= or add a channel axis"
+        )
+    if len(shape) == 5:
+        return _guess_5d(shape)
+    if len(shape) != 4:
+        raise InvalidVideo(f"shape {shape}: expected a 4-D or 5-D video")
+    found = readings(shape)
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise InvalidVideo(
+            f"shape {shape}: no axis (first, second or last) of 1, 3 or 4 channels; "
+            "pass layout='THWC', 'TCHW' or 'CTHW'"
+        )
+    raise InvalidVideo(
+        f"shape {shape} is ambiguous: {' or '.join(_described(shape, r, r) for r in found)}; "
+        f"pass layout={' or '.join(repr(r) for r in found)}"
+    )
+
+
+def _guess_5d(shape: tuple[int, ...]) -> str:
+    if shape[0] != 1:
+        raise InvalidVideo(f"shape {shape}: a batch of {shape[0]} videos; send them one by one")
+    inner = shape[1:]
+    found = readings(inner, ("CTHW", "TCHW", "THWC"), tie_break=False)
+    if not found or "CTHW" in found:
+        return "BCTHW"  # a wrong channel count is refused with the reason
+    described = " or ".join(_described(inner, r, f"(B, {_NAMES[r][1:]}") for r in found)
+    raise InvalidVideo(
+        f"shape {shape} reads as {described}; a 5-D video must be (B, C, T, H, W): "
+        "pass video[0] as 4-D"
+    )

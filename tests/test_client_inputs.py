@@ -1,0 +1,278 @@
+"""What `encode` makes of its input: layouts read from shapes, float ranges, progress
+totals for streamed videos, and output chunks handed back while encoding."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Any
+
+import numpy as np
+import pytest
+
+from client import InvalidVideo
+from client._convert import frames_view, range_warning
+from client._layout import guess_layout
+from client._video import ArrayVideo
+from client.patterns import moving_pattern
+
+from .helpers import decode, psnr
+
+H, W = 48, 64  # real frames; the sides 1, 3 and 4 below are tiny ones
+
+# (shape, the layout read, or the candidates an InvalidVideo must name)
+LAYOUT_TABLE: list[tuple[tuple[int, ...], str | tuple[str, ...]]] = [
+    # (1|3|4, 1|3|4, H, W): TCHW or CTHW
+    ((1, 1, H, W), "TCHW"),  # one gray frame either way
+    ((1, 3, H, W), "TCHW"),  # one RGB frame, not three gray ones
+    ((1, 4, H, W), "TCHW"),
+    ((3, 1, H, W), "CTHW"),  # one RGB frame, not three gray ones
+    ((4, 1, H, W), "CTHW"),
+    ((3, 3, H, W), ("TCHW", "CTHW")),
+    ((3, 4, H, W), ("TCHW", "CTHW")),
+    ((4, 3, H, W), ("TCHW", "CTHW")),
+    ((4, 4, H, W), ("TCHW", "CTHW")),
+    ((10, 3, H, W), "TCHW"),
+    ((3, 10, H, W), "CTHW"),  # the one reading with 1, 3 or 4 channels
+    # (1|3|4, H, W, 1|3|4): the CTHW reading has frames 1, 3 or 4 pixels wide
+    *(((t, H, W, c), "THWC") for t in (1, 3, 4) for c in (1, 3, 4)),
+    ((10, H, W, 3), "THWC"),
+    # tiny frames: every reading has a side of 4 pixels or less
+    ((4, 3, 4, 3), ("THWC", "TCHW", "CTHW")),
+    ((3, 3, H, 3), ("THWC", "TCHW", "CTHW")),
+    ((1, 3, H, 3), ("THWC", "TCHW", "CTHW")),
+    ((3, 4, H, 3), ("THWC", "TCHW", "CTHW")),
+    ((3, H, 3, 3), ("THWC", "CTHW")),
+    ((3, 3, 3, 3), ("THWC", "TCHW", "CTHW")),
+    ((10, 4, 4, 3), ("THWC", "TCHW")),
+    ((10, 8, 8, 3), "THWC"),  # 8x8 frames are real: TCHW would be 8 channels anyway
+    ((1, 1, 1, 1), "THWC"),  # one gray pixel, whichever way
+    # no channel axis at all
+    ((2, 2, H, W), ()),
+    ((10, H, W, 5), ()),
+    # 5-D: (B, C, T, H, W) with B=1 wherever it fits, as VAEs return it
+    ((1, 3, 16, H, W), "BCTHW"),
+    ((1, 3, 1, H, W), "BCTHW"),  # one RGB frame
+    ((1, 4, 1, H, W), "BCTHW"),
+    ((1, 1, 1, H, W), "BCTHW"),
+    ((1, 1, 16, H, W), "BCTHW"),
+    ((1, 3, 3, H, W), "BCTHW"),  # the 5-D tie-break: never (B, T, C, H, W)
+    ((1, 3, 4, H, W), "BCTHW"),  # a VAE's chunk of 4 frames
+    ((1, 4, 3, H, W), "BCTHW"),
+    ((1, 1, 3, H, W), "BCTHW"),
+    ((1, 16, 3, H, W), ("(B, T, C, H, W)", "video[0]")),  # the only reading
+    ((1, 3, H, W, 3), ("(B, T, H, W, C)", "video[0]")),  # BCTHW's frames: 3 pixels wide
+    ((1, 4, 3, 4, 3), "BCTHW"),  # tiny frames: every reading fits, so BCTHW's does
+    ((1, 16, 17, H, W), ()),  # 16 channels
+    ((2, 3, 16, H, W), ("batch",)),
+    ((3, 3, 3, H, W), ("batch",)),
+    # 3-D
+    ((3, H, W), ("layout=",)),
+]
+
+
+def virtual(shape: tuple[int, ...], dtype: str = "uint8", value: float = 0) -> np.ndarray:
+    """An array of `shape` that takes no memory."""
+    return np.broadcast_to(np.array(value, dtype), shape)
+
+
+@pytest.mark.parametrize(("shape", "expected"), LAYOUT_TABLE, ids=str)
+def test_layout_is_read_only_when_the_shape_has_one_reading(
+    shape: tuple[int, ...], expected: str | tuple[str, ...]
+) -> None:
+    if isinstance(expected, str):
+        assert guess_layout(shape) == expected
+        video = virtual(shape)
+        assert frames_view(video, None).shape == frames_view(video, expected).shape
+        return
+    with pytest.raises(InvalidVideo) as info:
+        frames_view(virtual(shape), None)
+    message = str(info.value)
+    for name in expected:
+        assert name in message, message
+    if len(expected) > 1 and set(expected) <= {"THWC", "TCHW", "CTHW"}:
+        assert "ambiguous" in message and "layout=" in message
+        assert all(f"'{name}'" in message for name in expected)  # as layout= takes it
+
+
+@pytest.mark.parametrize("kind", ["numpy", "tensor"])
+def test_ambiguous_shapes_are_refused_by_encode(client: Any, kind: str) -> None:
+    torch = pytest.importorskip("torch")
+    data = moving_pattern(3, H, W).transpose(0, 3, 1, 2).copy()  # (3, 3, H, W): TCHW
+    video = torch.from_numpy(data) if kind == "tensor" else data
+    with pytest.raises(InvalidVideo, match=r"ambiguous.*layout='TCHW' or 'CTHW'"):
+        client.encode(video)
+    assert client.encode(video, layout="TCHW").frames == 3
+    one = video[:1]  # (1, 3, H, W): one RGB frame
+    frames, _ = decode(client.encode(one).data or b"")
+    assert frames.shape == (1, H, W, 3) and psnr(frames, data[:1].transpose(0, 2, 3, 1)) >= 40
+
+
+def test_vae_chunks_are_bcthw(client: Any) -> None:
+    torch = pytest.importorskip("torch")
+    rgb = torch.from_numpy(moving_pattern(8, H, W)).permute(3, 0, 1, 2)[None]  # (1, 3, 8, H, W)
+    with client.stream(fps=24) as s:
+        for chunk in (rgb[:, :, :1], rgb[:, :, 1:4], rgb[:, :, 4:8]):  # 1, 3 and 4 frames
+            s.write(chunk)
+    assert s.result is not None and s.result.frames == 8
+    frames, _ = decode(s.result.data or b"")
+    assert psnr(frames, moving_pattern(8, H, W)) >= 40
+    with pytest.raises(InvalidVideo, match=r"video\[0\]"):
+        client.encode(rgb.permute(0, 2, 1, 3, 4))  # (1, 8, 3, H, W): (B, T, C, H, W)
+
+
+# -- float ranges --------------------------------------------------------------------------
+
+
+SIGNED = (6, 144, 256)  # frames large enough to hold dark parts (below 0 in [-1, 1])
+
+
+@pytest.fixture(scope="module")
+def signed() -> np.ndarray:
+    """A float32 video in [-1, 1]."""
+    return moving_pattern(*SIGNED).astype(np.float32) / 127.5 - 1
+
+
+def test_signed_video_with_the_default_range_warns_once(
+    client: Any, twin: str, signed: np.ndarray
+) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = client.encode(signed)
+    assert len(caught) == 1, [str(w.message) for w in caught]
+    warning = caught[0]
+    assert warning.category is UserWarning
+    assert "value_range=(-1, 1)" in str(warning.message)
+    if twin == "sync":  # the async twin's caller is the test harness's coroutine
+        assert warning.filename == __file__
+    assert result.frames == 6  # still encoded: a warning, not a refusal
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        right = client.encode(signed, value_range=(-1, 1))
+    frames, _ = decode(right.data or b"")
+    assert psnr(frames, moving_pattern(*SIGNED)) >= 40
+
+
+def test_video_in_range_does_not_warn(client: Any, signed: np.ndarray) -> None:
+    torch = pytest.importorskip("torch")
+    unsigned = (signed + 1) / 2
+    overshoot = np.clip(unsigned * 1.04 - 0.02, -0.02, 1.02)  # a model's small overshoot
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        client.encode(unsigned)
+        client.encode(overshoot)
+        client.encode(torch.from_numpy(unsigned).to(torch.bfloat16).permute(0, 3, 1, 2))
+        client.encode(moving_pattern(2, H, W))  # uint8: nothing to check
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_signed_cpu_tensor_warns(client: Any, signed: np.ndarray, dtype: str) -> None:
+    torch = pytest.importorskip("torch")
+    tensor = torch.from_numpy(signed).to(getattr(torch, dtype)).permute(3, 0, 1, 2)[None]
+    with pytest.warns(UserWarning, match=r"value_range=\(-1, 1\)"):
+        client.encode(tensor)
+
+
+def test_a_stream_warns_once(client: Any, signed: np.ndarray) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with client.stream(fps=24) as s:
+            for first in range(0, 6, 2):
+                s.write(signed[first : first + 2])
+    assert [w.category for w in caught] == [UserWarning]
+
+
+def test_range_warning_messages() -> None:
+    levels = moving_pattern(4, H, W).astype(np.float32)
+    assert "divide by 255" in (range_warning(levels, (0, 1), None) or "")
+    assert "divide by 255" in (range_warning(levels, (-1, 1), None) or "")
+    assert range_warning(levels / 255, (0, 1), None) is None
+    assert range_warning(levels / 255, (-1, 1), None) is None  # inside: cannot tell
+    nan = np.full((2, H, W, 3), np.nan, np.float32)
+    assert range_warning(nan, (0, 1), None) is None  # NaN is documented: it becomes 0
+
+
+def test_range_check_reads_a_bounded_sample() -> None:
+    """A 10,000-frame 4K video (virtual: broadcast, no memory) is checked in a blink."""
+    shape = (10_000, 2160, 3840, 3)
+    began = time.perf_counter()
+    assert range_warning(virtual(shape, "float32", -1), (0, 1), None) is not None
+    assert range_warning(virtual(shape, "float32", 0.5), (0, 1), None) is None
+    assert time.perf_counter() - began < 1.0
+
+
+@pytest.mark.cuda
+def test_signed_cuda_tensor_warns(client: Any, signed: np.ndarray) -> None:
+    import torch
+
+    gpu = torch.from_numpy(signed).cuda().to(torch.bfloat16)
+    with pytest.warns(UserWarning, match=r"value_range=\(-1, 1\)"):
+        client.encode(gpu)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        client.encode(gpu, value_range=(-1, 1))
+
+
+# -- progress and output chunks ------------------------------------------------------------
+
+
+def test_streamed_video_reports_its_total(
+    make_daemon, connect, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d = make_daemon(slabs=2, slab_size="1MiB")  # 110 KiB frames: 9 a lease, 18 in the pool
+    video = moving_pattern(40, 144, 256)  # 4.4 MB: more than half the pool, so streamed
+    seen: list[tuple[int, int]] = []
+    copy_into = ArrayVideo.copy_into
+
+    def slow_copy(self: ArrayVideo, *args: Any) -> None:
+        time.sleep(0.3)  # a slow producer: the daemon reports progress while it waits
+        copy_into(self, *args)
+
+    monkeypatch.setattr(ArrayVideo, "copy_into", slow_copy)
+    with connect(d) as c:
+        result = c.encode(video, on_progress=lambda done, total: seen.append((done, total)))
+        assert c.status().counters["leases_granted"] >= 4  # it went as a stream
+    assert result.frames == 40
+    assert len(seen) > 1 and {total for _, total in seen} == {40}
+    done = [d for d, _ in seen]
+    assert done == sorted(done) and done[-1] == 40
+
+
+def test_progress_of_a_stream_has_its_total_at_the_end(client: Any) -> None:
+    seen: list[tuple[int, int]] = []
+    with client.stream(fps=24, on_progress=lambda *p: seen.append(p)) as s:
+        s.write(moving_pattern(4, H, W))
+    assert seen[-1] == (4, 4)
+    assert all(total in (0, 4) for _, total in seen)
+
+
+@pytest.mark.parametrize("container", ["mp4", "fmp4", "webm"])
+def test_encode_hands_back_chunks(client: Any, container: str) -> None:
+    pieces: list[bytes] = []
+    result = client.encode(moving_pattern(24, H, W), container=container, on_chunk=pieces.append)
+    assert pieces and b"".join(pieces) == result.data
+
+
+def test_encode_to_a_file_hands_back_no_chunks(client: Any) -> None:
+    pieces: list[bytes] = []
+    result = client.encode(
+        moving_pattern(4, H, W), path="chunks/none.mp4", overwrite=True, on_chunk=pieces.append
+    )
+    assert result.path and pieces == []
+
+
+def test_streamed_encode_hands_back_chunks(make_daemon, connect) -> None:
+    d = make_daemon(slabs=2, slab_size="1MiB")
+    video = moving_pattern(40, 144, 256)
+    pieces: list[bytes] = []
+    with connect(d) as c:
+        result = c.encode(video, container="fmp4", gop=6, on_chunk=pieces.append)
+    assert len(pieces) > 1 and b"".join(pieces) == result.data
+    frames, _ = decode(result.data or b"")
+    assert frames.shape == video.shape
+
+
+def test_unknown_keywords_still_name_encode(client: Any, twin: str) -> None:
+    name = {"sync": "SidecarClient", "async": "AsyncSidecarClient"}[twin]
+    with pytest.raises(TypeError, match=rf"^{name}\.encode\(\) got an unexpected .* 'on_chunks'"):
+        client.encode(moving_pattern(2, H, W), on_chunks=print)
