@@ -55,16 +55,25 @@ def test_demo_starts_a_daemon_and_writes_a_valid_mp4(tmp_path: Path) -> None:
     assert not list(SHM_DIR.glob(f"{prefix}*")), "the demo's daemon left segments"
     assert not (tmp_path / "s.sock").exists()
 
-    if shutil.which("ffprobe"):
-        probe = subprocess.run(
-            ["ffprobe", "-v", "error", "-count_frames", "-select_streams", "v:0", "-show_entries",
-             "stream=codec_name,width,height,nb_read_frames", "-of", "json", str(path)],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
-        stream = json.loads(probe.stdout)["streams"][0]
-        assert stream["codec_name"] == "h264"
-        assert (stream["width"], stream["height"]) == (320, 192)
-        assert int(stream["nb_read_frames"]) == 30
+
+def test_demo_output_passes_ffprobe(daemon: Daemon) -> None:
+    """An independent decoder agrees: codec, size and every frame."""
+    if not shutil.which("ffprobe"):
+        pytest.skip("ffprobe is not installed (apt-get install ffmpeg)")
+    args = ["demo", "--socket", daemon.socket, "--frames", "30", "--width", "320"]
+    result = run([*args, "--height", "192", "-o", "probe.mp4", "--overwrite"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    match = re.search(r"^wrote (\S+\.mp4)$", result.stdout, re.M)
+    assert match, result.stdout
+    probe = subprocess.run(
+        ["ffprobe", "-v", "error", "-count_frames", "-select_streams", "v:0", "-show_entries",
+         "stream=codec_name,width,height,nb_read_frames", "-of", "json", match.group(1)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    stream = json.loads(probe.stdout)["streams"][0]
+    assert stream["codec_name"] == "h264"
+    assert (stream["width"], stream["height"]) == (320, 192)
+    assert int(stream["nb_read_frames"]) == 30
 
 
 def test_demo_uses_a_running_daemon(daemon: Daemon) -> None:
