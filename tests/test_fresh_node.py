@@ -292,11 +292,13 @@ def test_daemonset_serves_on_a_fresh_node(node: Node) -> None:
 
     # The sidecar's environment: the image's, then the manifest's, paths mapped. Smaller
     # slabs (memory on a shared test machine) and a free metrics port; the rest as written.
-    env = {"PATH": f"{VENV_BIN}:/usr/bin:/bin", "HOME": str(node.home), "LANG": "C.UTF-8"}
+    # Only the container's own values are mapped: this machine's paths (the interpreter,
+    # perhaps under /tmp like a mount path) stay as they are.
+    env = image_env | {e["name"]: e["value"] for e in sidecar["env"]}
+    env = {k: mapped(v, mounts) for k, v in env.items() if k != "PATH"}
+    env |= {"PATH": f"{VENV_BIN}:/usr/bin:/bin", "HOME": str(node.home), "LANG": "C.UTF-8"}
     if "/tmp" in mounts:
         env["TMPDIR"] = str(mounts["/tmp"])
-    env |= image_env | {e["name"]: e["value"] for e in sidecar["env"]}
-    env = {k: mapped(v, mounts) for k, v in env.items()}
     env |= {"VIDEO_SIDECAR_SLABS": "2", "VIDEO_SIDECAR_SLAB_SIZE": "16MiB",
             "VIDEO_SIDECAR_METRICS": f"127.0.0.1:{free_port()}"}  # fmt: skip
     assert env["VIDEO_SIDECAR_SHM_GROUP"] == GROUP_NAME
