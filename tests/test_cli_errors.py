@@ -387,7 +387,7 @@ def test_encode_takes_an_shm_prefix(tmp_path: Path) -> None:
 def test_ctrl_c_during_encode_is_one_line_and_stops_the_daemon(tmp_path: Path) -> None:
     # Noise at a slow preset: an encode that takes long enough to interrupt.
     rng = np.random.default_rng(0)
-    np.save(tmp_path / "noise.npy", rng.integers(0, 256, (48, 360, 640, 3), dtype=np.uint8))
+    np.save(tmp_path / "noise.npy", rng.integers(0, 256, (96, 360, 640, 3), dtype=np.uint8))
     prefix = new_prefix()
     sock = tmp_path / "run" / "s.sock"
     base = {k: v for k, v in os.environ.items() if not k.startswith("VIDEO_SIDECAR_")}
