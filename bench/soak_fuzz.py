@@ -109,11 +109,15 @@ class Fuzzer:
     def call(self, kind: str, fn: Callable[..., Any], request: Any, detail: str = "") -> str:
         try:
             result = fn(request, timeout=30)
+            spares = []
             if not hasattr(result, "DESCRIPTOR") and not isinstance(result, bytes):
                 for event in result:  # a reply stream
                     if isinstance(event, pb.EncodeEvent) and event.result.HasField("next_lease"):
-                        self.held.add(event.result.next_lease.lease_id)
+                        spares.append(event.result.next_lease.lease_id)
             code = "OK"
+            for lease_id in spares:  # granted with the result: must be ours to give back
+                if self.release(lease_id, "release-next") != "OK":
+                    self.problems.append("(c) a lease granted with a result was not releasable")
         except grpc.RpcError as err:
             code = err.code().name
         self.codes[f"{kind}:{code}"] += 1
@@ -130,10 +134,9 @@ class Fuzzer:
 
     def release(self, lease_id: str, kind: str = "release-own", token: str | None = None) -> str:
         self.held.discard(lease_id)
-        token = self.token if token is None else token
-        return self.call(
-            kind, self.stub.Release, pb.ReleaseRequest(client_token=token, lease_id=lease_id)
-        )
+        request = pb.ReleaseRequest(client_token=self.token, lease_id=lease_id)
+        request.client_token = request.client_token if token is None else token
+        return self.call(kind, self.stub.Release, request)
 
     def settle(self, kind: str, lease_id: str, code: str) -> None:
         """Give a lease back; one named by a refused request must still be ours."""
@@ -168,9 +171,8 @@ class Fuzzer:
         video = pb.VideoDescriptor(width=side(), height=side(), pixel_format=fmt, ranges=ranges)
         video.fps.CopyFrom(fps() if r.random() < 0.6 else fps(r))
         request = pb.EncodeRequest(client_token=self.token, video=video, codec=codec, output=output)
-        self.settle(
-            "descriptor", lease.lease_id, self.call("descriptor", self.stub.Encode, request)
-        )
+        code = self.call("descriptor", self.stub.Encode, request)
+        self.settle("descriptor", lease.lease_id, code)
 
     def audio(self, target: pb.EncodeRequest | pb.StreamHeader) -> tuple[list[pb.AudioData], str]:
         r = self.r
@@ -236,7 +238,7 @@ class Fuzzer:
             time.sleep(r.uniform(0, 0.3))
             reply.cancel()
             gate.set()
-            self.call("stream-abandoned", lambda *_a, **_k: reply, None)
+            self.call("stream-abandoned", lambda *_a, **_k: reply, None, container + detail)
         for lease_id in leases:  # taken by the stream (NOT_FOUND), or given back
             self.release(lease_id)
 
@@ -267,9 +269,7 @@ class Fuzzer:
         """Bytes that are not a valid message, to every method."""
         r, method = self.r, self.r.choice(METHODS)
         cut = pb.EncodeRequest(client_token=self.token).SerializeToString()[:-1]
-        payload = r.choice(
-            [b"\xff\xff\xff\xff", r.randbytes(r.randrange(1, 64)), b"\x0a\x05ab", cut]
-        )
+        payload = r.choice([b"\xff\xff\xff\xff", r.randbytes(r.randrange(1, 64)), b"\n\x05ab", cut])
         fn: Any = self.channel.unary_unary(SERVICE + method)
         if method == "Encode":
             fn = self.channel.unary_stream(SERVICE + method)
@@ -342,9 +342,7 @@ def files_under(root: Path, skip: Path) -> set[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m bench.soak_fuzz", description=__doc__.split("\n")[0]
-    )
+    p = argparse.ArgumentParser("python -m bench.soak_fuzz", description=__doc__.split("\n")[0])
     p.add_argument("--minutes", type=float, default=0.0)
     p.add_argument("--requests", type=int, default=0, help="default 5000 when no --minutes")
     p.add_argument("--seed", type=int, default=1)
@@ -364,15 +362,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with open(root / "daemon.log", "ab") as log:  # relative paths land in cwd
             daemon.start(output=log, preexec_fn=lambda: os.chdir(cwd))
-        return soak(args, daemon, root, out, prefix)
+        return soak(args, daemon, root, prefix)
     finally:
         daemon.kill()
         shutil.rmtree(root, ignore_errors=True)
 
 
-def soak(
-    args: argparse.Namespace, daemon: DaemonProcess, root: Path, out: Path, prefix: str
-) -> int:
+def soak(args: argparse.Namespace, daemon: DaemonProcess, root: Path, prefix: str) -> int:
+    out = root / "out"
     before = files_under(root, out)
     samples: list[dict[str, Any]] = []
     warm_t: list[float] = []
@@ -396,9 +393,8 @@ def soak(
             with lock:
                 done[0] += 1
 
-    fuzzers = [
-        Fuzzer(daemon.socket, root / "cwd", args.seed * 1000 + n) for n in range(args.workers)
-    ]
+    seeds = [args.seed * 1000 + n for n in range(args.workers)]
+    fuzzers = [Fuzzer(daemon.socket, root / "cwd", seed) for seed in seeds]
     threads = [threading.Thread(target=work, args=(f,)) for f in fuzzers]
     for th in [*threads, threading.Thread(target=sample, daemon=True)]:
         th.start()

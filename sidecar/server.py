@@ -76,13 +76,13 @@ class Server:
             uvloop.run(self.serve())
 
     async def serve(self) -> None:
-        # Before the encoder, gRPC and codec threads start: see sidecar/memory.py.
+        # Before any encoder, gRPC or codec thread starts: an arena per concurrent encode.
         memory.limit_arenas(max(memory.ARENAS, self.config.max_concurrent_encodes))
         self.install_signal_handlers()
         await self.startup()
         sidecar = self.sidecar
         trimmer = asyncio.create_task(
-            memory.trim_when_idle(lambda: (sidecar.busy, sidecar.stats.requests)), name="trim"
+            memory.trim_when_idle(lambda: sidecar.busy, lambda: sidecar.stats.requests)
         )
         try:
             while not self.should_exit:
