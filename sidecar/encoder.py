@@ -10,6 +10,7 @@ its own buffers inside `encode()`, so a slab region may be reused once `encode()
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from av.video.reformatter import ColorRange, Colorspace, VideoReformatter
 
 from .audio import AudioFormat, AudioTrack
 from .codec_options import merge_options
+from .codec_rules import join_params, split_params
 from .errors import InvalidRequest
 from .frames import Geometry
 
@@ -140,6 +142,16 @@ class ResolvedCodec:
     options: dict[str, str]
     gop: int | None
     threads: int
+
+    def for_frames(self, frames: int) -> ResolvedCodec:
+        """These settings for a video of `frames` frames (0: not known yet). x265 with
+        B-frames gives a clip of a few frames timestamps FFmpeg's MP4 muxer cannot
+        write ("not yet implemented"): such clips are encoded without B-frames."""
+        if self.choice.encoder != "libx265" or not 0 < frames <= SHORT_CLIP_FRAMES:
+            return self
+        params = split_params(self.options.get("x265-params", ""))
+        options = {**self.options, "x265-params": join_params({**params, "bframes": "0"})}
+        return dataclasses.replace(self, options=options)
 
 
 SHORT_CLIP_FRAMES = 8

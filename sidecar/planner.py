@@ -69,15 +69,16 @@ class Planner:
         target = None
         if out.path is not None:
             target = FileTarget.prepare(self.output_root, out.path, out.overwrite)
+        frames_total = sum(r.frame_count for r in ranges)
         plan = EncodePlan(
             spec.request_id,
             geometry,
-            codec,
+            codec.for_frames(frames_total),
             target,
             spec.codec.threads,
             container=out.container,
             audio=audio,
-            frames_total=sum(r.frame_count for r in ranges),
+            frames_total=frames_total,
         )
         return plan, ranges
 

@@ -311,3 +311,17 @@ def test_request_id_is_kept_or_made_up(daemon, stub, token: str) -> None:
         ids += [e.result.request_id for e in stub.Encode(request) if e.HasField("result")]
     assert ids[0] == "job-42/a:b"
     assert 1 <= len(ids[1]) <= 128 and ids[1] != ids[0]
+
+
+@pytest.mark.parametrize("count", [1, 2, 3])
+def test_short_h265_clips_always_mux(daemon, stub, token: str, count: int) -> None:
+    """x265's B-frames gave 2-frame clips timestamps the MP4 muxer refused (INTERNAL)."""
+    for attempt in range(6):
+        lz = lease(stub, token, FRAMES * FRAME_BYTES)
+        write(daemon, stub, token, lz, frames(attempt).tobytes())
+        request = pb.EncodeRequest(
+            client_token=token, video=video(lz.lease_id, count), codec=pb.CodecOptions(codec="h265")
+        )
+        data = b"".join(e.chunk.data for e in stub.Encode(request, timeout=30) if e.chunk.data)
+        got, facts = decode(data)
+        assert len(got) == count and facts["codec"] == "hevc"
