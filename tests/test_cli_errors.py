@@ -401,8 +401,16 @@ def test_ctrl_c_during_encode_is_one_line_and_stops_the_daemon(tmp_path: Path) -
     command = [*CLI, "encode", "noise.npy", "--socket", str(sock), "--preset", "veryslow"]
     # Its own process group, as a shell gives a foreground job: the terminal's Ctrl-C
     # goes to that group, which the auto-started daemon must not be part of.
-    proc = subprocess.Popen(command, cwd=tmp_path, env=env, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    # A runner started in the background (`&` without job control) ignores SIGINT, and a
+    # child would inherit that; a Python handler here becomes the default in the child.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(
+            command, cwd=tmp_path, env=env, start_new_session=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         deadline = time.monotonic() + 60
         with SidecarClient(str(sock), timeout=2) as probe:
