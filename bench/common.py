@@ -10,8 +10,9 @@ import platform
 import statistics
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -204,3 +205,24 @@ def encode_settings() -> dict[str, Any]:
 def as_host(video: Any) -> np.ndarray:
     host: np.ndarray = video.cpu().numpy() if hasattr(video, "cpu") else video
     return host
+
+
+def run_together(work: Sequence[Callable[[], None]], go: threading.Barrier) -> None:
+    """Run each callable on its own thread; the first error aborts `go` (so the others
+    stop waiting at it) and is raised once all have ended."""
+    errors: list[BaseException] = []
+
+    def guarded(fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except BaseException as exc:  # raised below, in the caller's thread
+            errors.append(exc)
+            go.abort()
+
+    threads = [threading.Thread(target=guarded, args=(fn,)) for fn in work]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if errors:
+        raise errors[0]

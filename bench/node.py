@@ -22,6 +22,7 @@ a launch that has not finished within `LAUNCH_TIMEOUT_S` is stopped and reported
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import queue
 import statistics
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from multiprocessing.context import SpawnContext, SpawnProcess
 from typing import Any, cast
 
-from .common import Device, Row, encode_settings, parse_shape, summarise
+from .common import Device, Row, encode_settings, parse_shape, run_together, summarise
 
 FORMATS = ("rgb24", "yuv420p")
 LAUNCH_TIMEOUT_S = 900.0  # one launch of the workers, both phases; then they are stopped
@@ -77,36 +78,25 @@ def _work(job: Job, go: Any) -> Timings:
     fps = encode_settings()["fps"]
     timings: Timings = {fmt: [] for fmt in FORMATS}
     lock = threading.Lock()
-    errors: list[BaseException] = []
 
     def thread(k: int) -> None:
-        try:
-            with SidecarClient(job.socket, client_name=f"bench-node-{job.index}-{k}") as c:
-                for fmt in FORMATS:
-                    pixel_format = None if fmt == "rgb24" else fmt
-                    c.encode(video, fps=fps, pixel_format=pixel_format, **job.options)  # warm up
-                    go.wait(BARRIER_TIMEOUT_S)
-                    times = []
-                    start = time.perf_counter()
-                    for _ in range(job.requests):
-                        t0 = time.perf_counter()
-                        c.encode(video, fps=fps, pixel_format=pixel_format, **job.options)
-                        times.append((time.perf_counter() - t0) * 1e3)
-                    end = time.perf_counter()
-                    with lock:
-                        timings[fmt].append((start, end, times))
-                    go.wait(BARRIER_TIMEOUT_S)  # no warm-up of the next phase overlaps this one
-        except BaseException as exc:
-            errors.append(exc)
-            go.abort()
+        with SidecarClient(job.socket, client_name=f"bench-node-{job.index}-{k}") as c:
+            for fmt in FORMATS:
+                pixel_format = None if fmt == "rgb24" else fmt
+                c.encode(video, fps=fps, pixel_format=pixel_format, **job.options)  # warm up
+                go.wait(BARRIER_TIMEOUT_S)
+                times = []
+                start = time.perf_counter()
+                for _ in range(job.requests):
+                    t0 = time.perf_counter()
+                    c.encode(video, fps=fps, pixel_format=pixel_format, **job.options)
+                    times.append((time.perf_counter() - t0) * 1e3)
+                end = time.perf_counter()
+                with lock:
+                    timings[fmt].append((start, end, times))
+                go.wait(BARRIER_TIMEOUT_S)  # no warm-up of the next phase overlaps this one
 
-    threads = [threading.Thread(target=thread, args=(k,)) for k in range(job.clients)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    if errors:
-        raise errors[0]
+    run_together([functools.partial(thread, k) for k in range(job.clients)], go)
     return timings
 
 

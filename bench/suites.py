@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import mmap
 import os
 import statistics
@@ -19,7 +20,7 @@ import numpy as np
 from client import SidecarClient
 from sidecar.launcher import DaemonProcess
 
-from .common import PATTERNS, SHAPES, Device, Row, parse_shape, summarise, timed
+from .common import PATTERNS, SHAPES, Device, Row, parse_shape, run_together, summarise, timed
 from .variants import FfmpegPipe, Sidecar, SidecarYuv, UpstreamA, UpstreamD, Variant, pyav_encode
 
 MiB = 1024 * 1024
@@ -196,22 +197,7 @@ def _run_lanes(
     if go is None:
         lane(runners[0])
     else:
-        errors: list[BaseException] = []
-
-        def guarded(v: Variant) -> None:
-            try:
-                lane(v)
-            except BaseException as exc:
-                errors.append(exc)
-                go.abort()
-
-        threads = [threading.Thread(target=guarded, args=(v,)) for v in runners]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-        if errors:
-            raise errors[0]
+        run_together([functools.partial(lane, v) for v in runners], go)
     out.wall_s = max(e for _, e in spans) - min(s for s, _ in spans)
     return out
 
