@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,9 @@ from .config_values import (
     FALSE_WORDS,
     TRUE_WORDS,
     argument_type,
+    config_problems,
     default_concurrency,
+    default_encoder_processes,
     default_output_dir,
     default_shm_prefix,
     default_socket,
@@ -119,6 +120,15 @@ class Config:
             "N",
         ),
     )
+    encoder_processes: int = field(
+        default_factory=default_encoder_processes,
+        metadata=_opt(
+            "processes that encode short clips beside the daemon, started as needed; 0: off",
+            parse_int,
+            "N",
+            shown=f"the cores, at most 16; 0 under 4 cores: {default_encoder_processes()} here",
+        ),
+    )
     lease_ttl: float = field(
         default=30.0,
         metadata=_opt(
@@ -151,37 +161,7 @@ class Config:
     log_json: bool = field(default=False, metadata=_opt("log JSON lines", parse_bool, "BOOL"))
 
     def __post_init__(self) -> None:
-        problems = []
-        if self.slabs < 1:
-            problems.append("slabs must be at least 1")
-        if self.slab_size < 1024 * 1024:
-            problems.append("slab_size must be at least 1MiB")
-        if self.max_concurrent_encodes < 1:
-            problems.append("max_concurrent_encodes must be at least 1")
-        if self.warm_encoders < 0:
-            problems.append("warm_encoders must be 0 (off) or more")
-        if self.encoder_threads < 0:
-            problems.append("encoder_threads must be 0 (auto) or more")
-        if self.lease_ttl <= 0 or self.max_lease_wait < 0 or self.shutdown_grace < 0:
-            problems.append("lease_ttl must be positive; max_lease_wait, shutdown_grace >= 0")
-        if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", self.shm_prefix):
-            problems.append("shm_prefix may hold only letters, digits, '_' and '-' (1-64)")
-        if self.log_level.lower() not in {"debug", "info", "warning", "error"}:
-            problems.append("log_level must be debug, info, warning or error")
-        if min(self.max_frames, self.max_width, self.max_height, self.max_request_bytes) < 1:
-            problems.append("limits must be positive")
-        if bool(self.tls_cert) != bool(self.tls_key):
-            problems.append("tls_cert and tls_key go together")
-        if self.tls_client_ca and not self.tls_cert:
-            problems.append("tls_client_ca needs tls_cert and tls_key")
-        if self.tcp and not self.tls_cert and not self.insecure:
-            problems.append(
-                "listening on TCP needs TLS (--tls-cert, --tls-key) or an explicit --insecure"
-            )
-        if self.metrics and not re.fullmatch(r"\[?[\w.:-]*\]?:\d{1,5}", self.metrics):
-            problems.append(f"metrics must be HOST:PORT, got {self.metrics!r}")
-        if self.tcp and not re.fullmatch(r"\[?[\w.:-]*\]?:\d{1,5}", self.tcp):
-            problems.append(f"tcp must be HOST:PORT, got {self.tcp!r}")
+        problems = config_problems(self)
         if problems:
             raise ValueError("; ".join(problems))
 

@@ -123,6 +123,47 @@ def default_concurrency() -> int:
     return max(1, min(8, cpu_count() // 2))
 
 
+def default_encoder_processes() -> int:
+    # Two cores have nothing to spare for a second process opening the next encoder.
+    cores = cpu_count()
+    return 0 if cores < 4 else min(16, cores)
+
+
+def config_problems(c: Any) -> list[str]:
+    """What is wrong with a `Config`'s values, one phrase each (empty: nothing)."""
+    problems = []
+    for name in ("warm_encoders", "encoder_processes", "encoder_threads"):
+        if getattr(c, name) < 0:
+            problems.append(f"{name} must be 0 (off, or auto for threads) or more")
+    if c.slabs < 1:
+        problems.append("slabs must be at least 1")
+    if c.slab_size < 1024 * 1024:
+        problems.append("slab_size must be at least 1MiB")
+    if c.max_concurrent_encodes < 1:
+        problems.append("max_concurrent_encodes must be at least 1")
+    if c.lease_ttl <= 0 or c.max_lease_wait < 0 or c.shutdown_grace < 0:
+        problems.append("lease_ttl must be positive; max_lease_wait, shutdown_grace >= 0")
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", c.shm_prefix):
+        problems.append("shm_prefix may hold only letters, digits, '_' and '-' (1-64)")
+    if c.log_level.lower() not in {"debug", "info", "warning", "error"}:
+        problems.append("log_level must be debug, info, warning or error")
+    if min(c.max_frames, c.max_width, c.max_height, c.max_request_bytes) < 1:
+        problems.append("limits must be positive")
+    if bool(c.tls_cert) != bool(c.tls_key):
+        problems.append("tls_cert and tls_key go together")
+    if c.tls_client_ca and not c.tls_cert:
+        problems.append("tls_client_ca needs tls_cert and tls_key")
+    if c.tcp and not c.tls_cert and not c.insecure:
+        problems.append(
+            "listening on TCP needs TLS (--tls-cert, --tls-key) or an explicit --insecure"
+        )
+    if c.metrics and not re.fullmatch(r"\[?[\w.:-]*\]?:\d{1,5}", c.metrics):
+        problems.append(f"metrics must be HOST:PORT, got {c.metrics!r}")
+    if c.tcp and not re.fullmatch(r"\[?[\w.:-]*\]?:\d{1,5}", c.tcp):
+        problems.append(f"tcp must be HOST:PORT, got {c.tcp!r}")
+    return problems
+
+
 def argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     """`parse` for argparse: its ValueError message becomes the usage error, instead of
     argparse's `invalid parse_size value`."""

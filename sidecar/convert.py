@@ -257,5 +257,6 @@ def status_to_proto(s: StatusReport, errors_by_code: dict[str, int]) -> pb.Statu
             errors=errors_by_code,
             warm_hits=s.warm_hits,
             warm_misses=s.warm_misses,
+            process_encodes=s.process_encodes,
         ),
     )

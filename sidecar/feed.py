@@ -90,6 +90,18 @@ class FrameFeed:
                 continue
         return None
 
+    def in_leases(self) -> list[PlacedRange] | None:
+        """The pieces of a whole video if every one is queued, in leases, with no audio
+        at the end; else None. Takes nothing off the queue."""
+        with self._queue.mutex:
+            items = list(self._queue.queue)
+        if not items or not isinstance(items[-1], End) or items[-1].audio is not None:
+            return None
+        pieces = items[:-1]
+        if not all(isinstance(piece, PlacedRange) for piece in pieces):
+            return None
+        return pieces  # type: ignore[return-value]
+
     def drain(self) -> tuple[list[Piece], End]:
         """Every piece of a whole video, queued at once, and its end (no waiting)."""
         pieces: list[Piece] = []

@@ -14,19 +14,20 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import BinaryIO
 
 import av
 import numpy as np
 
-from .audio import AudioFormat
-from .encoder import ResolvedCodec, VideoEncoder
+from .encoder import VideoEncoder
 from .errors import Cancelled, EncodeFailed, InvalidRequest, SidecarError
 from .events import ChunkWriter, Emit, ProgressReporter
 from .feed import End, FrameFeed, InlineFrames, Piece
-from .frames import Geometry, PlacedRange, borrow_frames
+from .frames import PlacedRange, borrow_frames
 from .output import FileTarget, output_error
+from .plans import EncodeOutcome, EncodePlan
+from .process_main import Answer, Assignment, Region
+from .processes import EncoderProcesses, ProcessGone
 from .segments import SEGMENTABLE, encode_segments, frame_lookup, plan_segments
 from .shm import Slab
 from .warm import EncoderKey, WarmPool, open_in_memory, opener_for
@@ -35,49 +36,6 @@ log = logging.getLogger(__name__)
 
 # Errors of the output file, not of the encoder: reported as the output's fault.
 OUTPUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EROFS, errno.EIO)
-
-
-@dataclass(frozen=True)
-class EncodePlan:
-    request_id: str
-    geometry: Geometry
-    codec: ResolvedCodec
-    target: FileTarget | None  # None: bytes, returned in memory or streamed
-    threads: int
-    container: str = "mp4"
-    audio: AudioFormat | None = None
-    frames_total: int = 0  # known up front for a whole-video Encode
-
-    @property
-    def streams_bytes(self) -> bool:
-        """Fragmented MP4 to bytes goes back while encoding; the rest when complete."""
-        return self.target is None and self.container == "fmp4"
-
-
-@dataclass
-class EncodeOutcome:
-    """What a finished job produced. For bytes outputs not yet sent, `memfd` holds them."""
-
-    frames: int
-    duration_s: float
-    size_bytes: int
-    path: str
-    memfd: int | None
-    audio_samples: int
-    timings_ms: dict[str, float]
-
-    def read_chunks(self, chunk_size: int) -> list[tuple[int, bytes]]:
-        if self.memfd is None:
-            return []
-        return [
-            (offset, os.pread(self.memfd, chunk_size, offset))
-            for offset in range(0, self.size_bytes, chunk_size)
-        ]
-
-    def close(self) -> None:
-        if self.memfd is not None:
-            os.close(self.memfd)
-            self.memfd = None
 
 
 class EncodeJob:
@@ -95,6 +53,7 @@ class EncodeJob:
         emit: Emit,
         *,
         warm: WarmPool | None = None,
+        processes: EncoderProcesses | None = None,
         audio: np.ndarray | None = None,
         chunk_size: int = 1024 * 1024,
         cancel: threading.Event | None = None,
@@ -104,6 +63,7 @@ class EncodeJob:
         self._slabs = slabs
         self._emit = emit
         self._warm = warm
+        self._processes = processes
         self._audio = audio  # samples sent up front, if any
         self._chunk_size = chunk_size
         # Shared with the transport, which sets it when the client goes away.
@@ -149,6 +109,10 @@ class EncodeJob:
         error: BaseException | None = None
         self._started = True
         self.threads, self.thread_type, self._fixed_threads = threads, thread_type, fixed
+        if self._processes is not None and self._audio is None and self.warmable:
+            outcome = self._run_elsewhere(self._processes, queue_s)
+            if outcome is not None:
+                return outcome
         try:
             encoder, memfd = self._open()
             if self._audio is not None:
@@ -209,6 +173,80 @@ class EncodeJob:
                 "finalize_ms": t.finalize * 1e3,
             },
         )
+
+    def _run_elsewhere(self, processes: EncoderProcesses, queue_s: float) -> EncodeOutcome | None:
+        """Encode in an encoder process (see processes); None if none is free."""
+        pieces = self._feed.in_leases()
+        if not pieces:
+            return None
+        plan, memfd, error = self.plan, None, None
+        try:
+            answer = self._ask(processes, pieces)
+        except Exception as exc:  # e.g. two processes died on these frames: free, not give back
+            answer = Answer(error="EncodeFailed", message=str(exc), frames=-1)
+        if answer is None:
+            return None  # the feed is untouched: encode here
+        try:
+            if self.stopped:
+                raise self.cancelled()
+            if answer.error:
+                if not answer.frames:  # refused before a frame: the client keeps its leases
+                    self._feed.give_back_all()
+                if answer.error == "InvalidRequest":
+                    raise InvalidRequest(answer.field, answer.message)
+                raise EncodeFailed(answer.message)
+            t0 = time.perf_counter()
+            if plan.target is not None:
+                with open(plan.target.open_temp(), "wb") as out:
+                    out.write(answer.data)
+                path = str(plan.target.commit())
+            else:
+                path, memfd = "", os.memfd_create("video-sidecar-out", os.MFD_CLOEXEC)
+                written = 0
+                while written < len(answer.data):
+                    written += os.write(memfd, answer.data[written:])
+        except BaseException as exc:
+            if plan.target is not None:
+                plan.target.discard()
+            if memfd is not None:
+                os.close(memfd)
+            error = self.cancelled() if isinstance(exc, Cancelled) else self._classify(exc)
+        finally:
+            self._feed.release_all()
+        if error is not None:
+            raise error.with_traceback(None)
+        ProgressReporter(self._emit, plan.frames_total).reach(answer.frames)
+        t = {f"{stage}_ms": seconds * 1e3 for stage, seconds in answer.timings_s.items()}
+        t["finalize_ms"] += (time.perf_counter() - t0) * 1e3
+        return EncodeOutcome(
+            frames=answer.frames,
+            duration_s=float(answer.frames / plan.geometry.fps),
+            size_bytes=len(answer.data),
+            path=path,
+            memfd=memfd,
+            audio_samples=0,
+            timings_ms={"queue_ms": queue_s * 1e3, **t},
+        )
+
+    def _ask(self, processes: EncoderProcesses, pieces: list[PlacedRange]) -> Answer | None:
+        """An encoder process's answer; None if none is free (encode here). A process
+        that dies leaves the frames in the leases: a second one gets them, and if that
+        one dies too, the request fails rather than risk the daemon on them."""
+        job = assignment(self, pieces)
+        for attempt in range(2):
+            proc = processes.take(self.key)
+            if proc is None:
+                return None
+            answer = None
+            try:
+                answer = proc.encode(job)
+                return answer
+            except ProcessGone:
+                if attempt:
+                    raise
+            finally:
+                processes.give(proc, answer.warm if answer is not None else None)
+        return None
 
     def _consume(self, encoder: VideoEncoder) -> None:
         progress = ProgressReporter(self._emit, self.plan.frames_total)
@@ -356,3 +394,13 @@ class EncodeJob:
             return EncodeFailed(f"encoder failed: {exc}")
         log.exception("encode %s failed unexpectedly", self.plan.request_id)
         return EncodeFailed(f"unexpected {type(exc).__name__}: {exc}")
+
+
+def assignment(job: EncodeJob, pieces: list[PlacedRange]) -> Assignment:
+    """What an encoder process needs for `job`: settings, and where its frames lie."""
+    regions = tuple(
+        Region(p.lease.slab_id, p.start, p.frame_count, p.row_stride, p.frame_stride)
+        for p in pieces
+    )
+    plan = job.plan
+    return Assignment(job.key, plan.geometry, plan.codec, job.threads, job.thread_type, regions)

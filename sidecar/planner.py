@@ -19,9 +19,9 @@ from .encoder import CONTAINERS
 from .errors import InvalidRequest
 from .feed import FrameFeed
 from .frames import Limits, PlacedRange, check_geometry, place_ranges
-from .jobs import EncodePlan
 from .leases import Lease, LeaseTable
 from .output import FileTarget
+from .plans import EncodePlan
 from .requests import AudioPiece, EncodeSpec
 from .shm import SlabSet
 

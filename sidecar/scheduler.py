@@ -17,7 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from .config_values import cpu_count
 from .encoder import threading_for
 from .errors import SidecarError
-from .jobs import EncodeJob, EncodeOutcome
+from .jobs import EncodeJob
+from .plans import EncodeOutcome
 
 
 class Scheduler:

@@ -32,9 +32,11 @@ from .errors import OutOfRange, PoolExhausted, ShuttingDown, SidecarError, Start
 from .events import Chunk, Progress
 from .frames import Limits
 from .intake import StreamIntake
-from .jobs import EncodeJob, EncodeOutcome
+from .jobs import EncodeJob
 from .leases import Lease, LeaseTable
 from .planner import Accepted, Planner
+from .plans import EncodeOutcome
+from .processes import EncoderProcesses
 from .requests import EncodeSpec, Event, Result, StreamMessage
 from .scheduler import Scheduler
 from .shm import SlabSet
@@ -66,6 +68,7 @@ class Sidecar:
         self.planner = Planner(self.leases, self.slabset, self.limits, self.output_root)
         self.scheduler = Scheduler(config.max_concurrent_encodes, config.encoder_threads)
         self.warm = WarmPool(config.warm_encoders)
+        self.processes = EncoderProcesses(config.encoder_processes)
         self.stats = Stats()
         self._started_at = time.monotonic()
         self._accepting = False
@@ -84,6 +87,7 @@ class Sidecar:
         self.leases.on_free = self._wake_waiters
         self.scheduler.start()
         self.warm.start()
+        self.processes.start([str(slab.path) for slab in self.slabset.slabs])
         self._reaper = asyncio.create_task(self._reap_expired(), name="lease-reaper")
         self._accepting = True
 
@@ -123,6 +127,7 @@ class Sidecar:
         stuck = self.scheduler.busy
         self.scheduler.close(wait=not stuck)
         self.warm.close()
+        self.processes.close()
         self.slabset.close(unmap=not stuck)
 
     # -- clients and leases --------------------------------------------------------------
@@ -257,6 +262,7 @@ class Sidecar:
             accepted.feed,
             emit,
             warm=self.warm,
+            processes=self.processes,
             audio=accepted.audio,
             chunk_size=CHUNK_SIZE,
             cancel=stop,
@@ -342,8 +348,9 @@ class Sidecar:
             stats=self.stats,
             leases_granted=self.leases.granted,
             leases_expired=self.leases.expired,
-            warm_hits=self.warm.hits,
-            warm_misses=self.warm.misses,
+            warm_hits=self.warm.hits + self.processes.hits,
+            warm_misses=self.warm.misses + self.processes.misses,
+            process_encodes=self.processes.hits + self.processes.misses,
         )
 
     def _check_accepting(self) -> None:

@@ -57,3 +57,4 @@ class StatusReport:
     leases_expired: int
     warm_hits: int = 0
     warm_misses: int = 0
+    process_encodes: int = 0

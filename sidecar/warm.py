@@ -154,6 +154,10 @@ class WarmPool:
             else:
                 self.misses += 1
             missing = max(0, self._wanted(key) - len(ready) - self._opening[key])
+            # The pool is full of other settings' encoders: the oldest ready ones make
+            # room, or a server that moves to a new shape would open every request cold.
+            stale += self._make_room(key, missing)
+            missing = min(missing, self.capacity - self._held())
             # Back to back (this request came right after the last one ended): open the
             # next ones now, during this encode, or they would not be ready in time.
             # Spaced out: open them once this request is answered, in the idle time,
@@ -198,9 +202,22 @@ class WarmPool:
     def _wanted(self, key: EncoderKey) -> int:
         """Ready encoders to keep for `key`: its recent peak concurrency, within capacity
         (lock held)."""
-        held = sum(len(q) for q in self._ready.values()) + sum(self._opening.values())
-        room = self.capacity - held + len(self._ready.get(key, ())) + self._opening[key]
-        return max(0, min(self._demand[key][0], room))
+        return max(0, min(self._demand[key][0], self.capacity))
+
+    def _held(self) -> int:
+        return sum(len(q) for q in self._ready.values()) + sum(self._opening.values())
+
+    def _make_room(self, key: EncoderKey, wanted: int) -> list[WarmEncoder]:
+        """Take out the oldest ready encoders of other keys until `wanted` more fit
+        (lock held); the caller discards them."""
+        evicted: list[WarmEncoder] = []
+        while self._held() + wanted > self.capacity:
+            others = [q for k, q in self._ready.items() if k != key and q]
+            if not others:
+                break
+            oldest = min(others, key=lambda q: q[0].ready_at)
+            evicted.append(oldest.popleft())
+        return evicted
 
     def _submit(self, key: EncoderKey, opener: Opener) -> None:
         def fill() -> None:

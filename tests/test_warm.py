@@ -140,3 +140,34 @@ def test_spaced_traffic_opens_after_the_answer() -> None:
         settle(pool, opened, 2)
     finally:
         pool.close()
+
+
+def test_a_new_setting_takes_the_room_of_the_oldest() -> None:
+    """A full pool makes room for a new shape: the oldest ready encoder of another
+    setting goes, so a server that moves to a new shape is not left opening cold."""
+    pool = WarmPool(capacity=2)
+    pool.start()
+    opened: list[FakeWarm] = []
+
+    def opener(concurrency: int) -> WarmEncoder:
+        opened.append(FakeWarm(16 // concurrency))
+        return cast(WarmEncoder, opened[-1])
+
+    try:
+        for width in (64, 96):  # two settings fill the pool
+            pool.checkout(key(width), opener)
+            pool.checkin(key(width))
+            pool.answered(key(width))
+            settle(pool, opened, len(opened) + 1)
+        assert [w.discarded for w in opened] == [False, False]
+        new = key(128)
+        for _ in range(3):  # back to back on a third setting
+            pool.checkout(new, opener)
+            pool.checkin(new)
+            pool.answered(new)
+            settle(pool, opened, len(opened) + 1)
+        assert opened[0].discarded  # the oldest made room
+        assert pool.checkout(new, opener) is not None  # and the new shape finds one ready
+        pool.checkin(new)
+    finally:
+        pool.close()

@@ -438,7 +438,7 @@ class PoolStatus(_message.Message):
     def __init__(self, slabs: _Optional[int] = ..., slab_size: _Optional[int] = ..., total_bytes: _Optional[int] = ..., leased_bytes: _Optional[int] = ..., active_leases: _Optional[int] = ..., largest_free: _Optional[int] = ...) -> None: ...
 
 class Counters(_message.Message):
-    __slots__ = ("requests", "encodes_ok", "encodes_failed", "frames_encoded", "bytes_out", "leases_granted", "leases_expired", "errors", "warm_hits", "warm_misses")
+    __slots__ = ("requests", "encodes_ok", "encodes_failed", "frames_encoded", "bytes_out", "leases_granted", "leases_expired", "errors", "warm_hits", "warm_misses", "process_encodes")
     class ErrorsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -456,6 +456,7 @@ class Counters(_message.Message):
     ERRORS_FIELD_NUMBER: _ClassVar[int]
     WARM_HITS_FIELD_NUMBER: _ClassVar[int]
     WARM_MISSES_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_ENCODES_FIELD_NUMBER: _ClassVar[int]
     requests: int
     encodes_ok: int
     encodes_failed: int
@@ -466,7 +467,8 @@ class Counters(_message.Message):
     errors: _containers.ScalarMap[str, int]
     warm_hits: int
     warm_misses: int
-    def __init__(self, requests: _Optional[int] = ..., encodes_ok: _Optional[int] = ..., encodes_failed: _Optional[int] = ..., frames_encoded: _Optional[int] = ..., bytes_out: _Optional[int] = ..., leases_granted: _Optional[int] = ..., leases_expired: _Optional[int] = ..., errors: _Optional[_Mapping[str, int]] = ..., warm_hits: _Optional[int] = ..., warm_misses: _Optional[int] = ...) -> None: ...
+    process_encodes: int
+    def __init__(self, requests: _Optional[int] = ..., encodes_ok: _Optional[int] = ..., encodes_failed: _Optional[int] = ..., frames_encoded: _Optional[int] = ..., bytes_out: _Optional[int] = ..., leases_granted: _Optional[int] = ..., leases_expired: _Optional[int] = ..., errors: _Optional[_Mapping[str, int]] = ..., warm_hits: _Optional[int] = ..., warm_misses: _Optional[int] = ..., process_encodes: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
     __slots__ = ("server_version", "instance_id", "uptime_s", "pool", "active_encodes", "queued_encodes", "max_concurrent_encodes", "clients", "counters")

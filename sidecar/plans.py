@@ -1,0 +1,54 @@
+"""What an encode is asked to do (`EncodePlan`) and what it produced (`EncodeOutcome`)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .audio import AudioFormat
+from .encoder import ResolvedCodec
+from .frames import Geometry
+from .output import FileTarget
+
+
+@dataclass(frozen=True)
+class EncodePlan:
+    request_id: str
+    geometry: Geometry
+    codec: ResolvedCodec
+    target: FileTarget | None  # None: bytes, returned in memory or streamed
+    threads: int
+    container: str = "mp4"
+    audio: AudioFormat | None = None
+    frames_total: int = 0  # known up front for a whole-video Encode
+
+    @property
+    def streams_bytes(self) -> bool:
+        """Fragmented MP4 to bytes goes back while encoding; the rest when complete."""
+        return self.target is None and self.container == "fmp4"
+
+
+@dataclass
+class EncodeOutcome:
+    """What a finished job produced. For bytes outputs not yet sent, `memfd` holds them."""
+
+    frames: int
+    duration_s: float
+    size_bytes: int
+    path: str
+    memfd: int | None
+    audio_samples: int
+    timings_ms: dict[str, float]
+
+    def read_chunks(self, chunk_size: int) -> list[tuple[int, bytes]]:
+        if self.memfd is None:
+            return []
+        return [
+            (offset, os.pread(self.memfd, chunk_size, offset))
+            for offset in range(0, self.size_bytes, chunk_size)
+        ]
+
+    def close(self) -> None:
+        if self.memfd is not None:
+            os.close(self.memfd)
+            self.memfd = None

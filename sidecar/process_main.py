@@ -1,0 +1,207 @@
+"""An encoder process: encodes short clips from the daemon's slabs, one at a time.
+
+Started by `processes.EncoderProcesses` as `python -m sidecar.process_main FD SLAB...`,
+in its own session (a terminal's Ctrl-C is the daemon's to handle), with one end of a
+socket pair as FD. It maps the slabs once, then serves jobs: an `Assignment` in, an
+`Answer` out. After each answer it opens the next encoder for the same settings, so the
+open (several milliseconds that hold this process's GIL, not the daemon's) is done
+before the next request for them arrives; it then says `Ready`.
+
+It never touches leases, sockets or files: the daemon checks every request, owns the
+leases, and writes the bytes this process returns. When the daemon goes away, the next
+read fails and the process exits.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import signal
+import sys
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+
+import av
+import numpy as np
+
+from .encoder import ResolvedCodec, VideoEncoder
+from .errors import InvalidRequest, SidecarError
+from .frames import Geometry, PlacedRange, borrow_frames
+from .memory import limit_arenas, trim
+from .warm import EncoderKey, WarmEncoder, open_in_memory, warm_up
+
+IDLE_CLOSE_S = 60.0  # a ready encoder unused this long is closed, and memory returned
+
+
+@dataclass(frozen=True)
+class Region:
+    """Frames inside a slab, as `frames.PlacedRange` without its lease."""
+
+    slab: int
+    start: int
+    frame_count: int
+    row_stride: int
+    frame_stride: int
+
+
+@dataclass(frozen=True)
+class Assignment:
+    key: EncoderKey
+    geometry: Geometry
+    codec: ResolvedCodec
+    threads: int
+    thread_type: str
+    regions: tuple[Region, ...]
+
+
+@dataclass
+class Answer:
+    """What an assignment produced: the MP4's bytes, or why not (`error` is a class name
+    from `errors`, `field` and `message` its arguments)."""
+
+    data: bytes = b""
+    frames: int = 0
+    warm: bool = False  # the encoder was ready before the assignment came
+    timings_s: dict[str, float] = field(default_factory=dict)
+    error: str = ""
+    field: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The process is free again, with a ready encoder for `key` (None: the open failed)."""
+
+    key: EncoderKey | None
+
+
+class Worker:
+    def __init__(self, conn: Connection, slab_paths: list[str]) -> None:
+        self._conn = conn
+        self._slabs = [_map(path) for path in slab_paths]
+        self._warm: tuple[EncoderKey, WarmEncoder] | None = None
+
+    def serve(self) -> None:
+        while True:
+            if not self._conn.poll(IDLE_CLOSE_S):
+                self._discard_warm()
+                trim()
+                continue
+            try:
+                job = self._conn.recv()
+            except (EOFError, OSError):
+                return  # the daemon has gone
+            if job is None:
+                return
+            assert isinstance(job, Assignment)
+            answer = self._encode(job)
+            try:
+                self._conn.send(answer)
+                self._conn.send(Ready(self._refill(job)))
+            except OSError:
+                return  # the daemon has gone
+
+    def _encode(self, job: Assignment) -> Answer:
+        warm = self._take_warm(job.key)
+        was_ready = warm is not None
+        encoder: VideoEncoder | None = None
+        try:
+            if warm is None:
+                warm = open_in_memory(job.geometry, job.codec, job.threads, job.thread_type)
+            else:
+                warm.encoder.timings.open = 0.0  # paid before this request arrived
+            encoder = warm.encoder
+            for region in job.regions:
+                placed = PlacedRange(
+                    None,  # type: ignore[arg-type]  # leases stay with the daemon
+                    region.start,
+                    region.frame_count,
+                    region.row_stride,
+                    region.frame_stride,
+                )
+                for image in borrow_frames(self._slabs[region.slab], job.geometry, placed):
+                    encoder.encode(image)
+            encoder.close()
+            size = os.fstat(warm.memfd).st_size
+            data = os.pread(warm.memfd, size, 0)
+            t = encoder.timings
+            timings = {
+                "open": t.open,
+                "convert": t.convert,
+                "encode": t.encode,
+                "mux": t.mux,
+                "finalize": t.finalize,
+            }
+            return Answer(data=data, frames=encoder.frames, warm=was_ready, timings_s=timings)
+        except InvalidRequest as exc:
+            frames = encoder.frames if encoder is not None else 0
+            return Answer(
+                frames=frames, error="InvalidRequest", field=exc.field, message=_detail(exc)
+            )
+        except (SidecarError, av.error.FFmpegError, ValueError, OSError) as exc:
+            frames = encoder.frames if encoder is not None else 0
+            return Answer(frames=frames, error="EncodeFailed", message=f"encoder failed: {exc}")
+        finally:
+            if warm is not None:
+                warm.discard()
+
+    def _take_warm(self, key: EncoderKey) -> WarmEncoder | None:
+        if self._warm is not None and self._warm[0] == key:
+            warm = self._warm[1]
+            self._warm = None
+            return warm
+        self._discard_warm()
+        return None
+
+    def _refill(self, job: Assignment) -> EncoderKey | None:
+        try:
+            warm = warm_up(job.geometry, job.codec, job.threads, job.thread_type)
+        except Exception:  # the request already had its answer; simply not ready
+            return None
+        self._warm = (job.key, warm)
+        return job.key
+
+    def _discard_warm(self) -> None:
+        if self._warm is not None:
+            self._warm[1].discard()
+            self._warm = None
+
+
+def _detail(exc: InvalidRequest) -> str:
+    text = str(exc)
+    prefix = f"{exc.field}: "
+    return text[len(prefix) :] if text.startswith(prefix) else text
+
+
+def _map(path: str) -> np.ndarray:
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        mapped = mmap.mmap(fd, os.fstat(fd).st_size, flags=mmap.MAP_SHARED)
+    finally:
+        os.close(fd)
+    return np.frombuffer(mapped, dtype=np.uint8)
+
+
+def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon decides when to stop
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    limit_arenas()
+    conn = Connection(int(argv[0]))
+    try:
+        worker = Worker(conn, argv[1:])
+    except OSError as exc:  # the daemon sees the connection close and stops using us
+        print(f"video-sidecar encoder process: cannot map the slabs: {exc}", file=sys.stderr)
+        return 1
+    try:
+        conn.send(Ready(None))
+    except OSError:
+        return 0  # the daemon stopped while this process started
+    worker.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    # Run under the module's own name, so what it pickles names sidecar.process_main.
+    from sidecar.process_main import main as run
+
+    sys.exit(run(sys.argv[1:]))

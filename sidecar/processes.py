@@ -1,0 +1,249 @@
+"""Encoder processes: short clips encoded outside the daemon's GIL.
+
+Opening libx264 takes 3-5 ms and PyAV holds the GIL through it, so in one process a
+ready encoder opened for the next request stalls the request being encoded, and eight
+clients' opens and per-frame calls queue behind one lock. Short clips (what the warm
+pool takes: MP4, no audio, every frame in a lease) therefore go to a pool of encoder
+processes (`process_main`), each with its own GIL and its own ready encoder. A process
+answers, then opens its next encoder while another takes the next request: back-to-back
+requests alternate between processes and never wait for an open.
+
+Processes start on demand, in the background (about 0.3 s; requests meanwhile encode in
+the daemon as before), up to `limit`, and stop after `IDLE_EXIT_S` without work, so an
+idle daemon gives their memory back. A process that dies fails only the request it was
+encoding (EncodeFailed); the next request gets another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from .errors import EncodeFailed
+from .process_main import Answer, Assignment, Ready
+from .warm import EncoderKey
+
+log = logging.getLogger(__name__)
+
+IDLE_EXIT_S = 30.0  # a process without work this long is stopped
+MAINTAIN_S = 1.0  # how often the pool looks for idle processes to stop
+STOP_WAIT_S = 2.0
+
+
+class ProcessGone(EncodeFailed):
+    """The encoder process died before answering (its frames are still in the leases)."""
+
+
+class EncoderProcess:
+    """The daemon's end of one encoder process. Not thread-safe: the pool hands each to
+    one job at a time."""
+
+    def __init__(self, slab_paths: list[str]) -> None:
+        ours, theirs = socket.socketpair()
+        package_root = str(Path(__file__).resolve().parent.parent)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        try:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", "sidecar.process_main", str(theirs.fileno()), *slab_paths],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,  # a terminal's Ctrl-C reaches the daemon only
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.conn = Connection(ours.detach())
+        self.started = False  # said it is up
+        self.opening = False  # opening its next encoder, for `next_key`
+        self.next_key: EncoderKey | None = None
+        self.ready_key: EncoderKey | None = None
+        self.busy = False
+        self.broken = False
+        self.idle_since = time.monotonic()
+
+    def poll(self) -> None:
+        """Take in what the process said while nobody was waiting for it."""
+        try:
+            while not self.broken and self.conn.poll():
+                self._heard(self.conn.recv())
+        except (EOFError, OSError):
+            self.broken = True
+
+    def rank(self, key: EncoderKey) -> int:
+        """How soon this process would encode `key` without opening: lower is sooner."""
+        if self.opening:
+            return 1 if self.next_key == key else 3
+        return 0 if self.ready_key == key else 2
+
+    def encode(self, job: Assignment) -> Answer:
+        """Run `job` there; EncodeFailed if the process dies meanwhile."""
+        try:
+            self.conn.send(job)
+            while True:
+                message = self.conn.recv()
+                if isinstance(message, Answer):
+                    self.opening, self.next_key, self.ready_key = True, job.key, None
+                    return message
+                self._heard(message)
+        except (EOFError, OSError):
+            self.broken = True
+            raise ProcessGone("an encoder process stopped during the encode") from None
+
+    def _heard(self, message: object) -> None:
+        if isinstance(message, Ready):
+            self.started = True
+            self.opening = False
+            self.ready_key = message.key
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            self.conn.send(None)
+        with contextlib.suppress(OSError):
+            self.conn.close()
+        try:
+            self.popen.wait(STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+
+
+class EncoderProcesses:
+    """Up to `limit` encoder processes, started when requests need them."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._slab_paths: list[str] = []
+        self._procs: list[EncoderProcess] = []
+        self._wanted = 0  # processes the traffic asks for
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self.spawned = 0
+        self.hits = 0  # encodes that found the process's encoder ready
+        self.misses = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.limit > 0
+
+    def start(self, slab_paths: list[str]) -> None:
+        if not self.enabled:
+            return
+        self._slab_paths = slab_paths
+        self._thread = threading.Thread(target=self._maintain, name="encoder-processes")
+        self._thread.daemon = True
+        self._thread.start()
+
+    @property
+    def count(self) -> int:
+        return len(self._procs)
+
+    def take(self, key: EncoderKey) -> EncoderProcess | None:
+        """The free process that can start on `key` soonest, or None (encode in the
+        daemon): none is up yet, or all are busy. Give it back with `give()`."""
+        if not self.enabled or self._closed:
+            return None
+        with self._lock:
+            free = [p for p in self._procs if not p.busy]
+            for proc in free:
+                proc.poll()
+            usable = [p for p in free if p.started and not p.broken]
+            best = min(usable, key=lambda p: p.rank(key), default=None)
+            if best is None or best.rank(key) > 0:
+                # Another process would let the next request find a ready encoder.
+                self._wanted = min(self.limit, len(self._procs) + 1)
+                self._wake.set()
+            if best is not None:
+                best.busy = True
+            return best
+
+    def give(self, proc: EncoderProcess, warm: bool | None = None) -> None:
+        """Hand `proc` back; `warm` says whether its encode found an encoder ready."""
+        with self._lock:
+            if warm is not None:
+                self.hits += warm
+                self.misses += not warm
+            proc.busy = False
+            proc.idle_since = time.monotonic()
+            if proc.broken:
+                self._procs.remove(proc)
+            else:
+                return
+        log.warning("an encoder process stopped (exit code %s)", proc.popen.poll())
+        proc.stop()
+
+    def _maintain(self) -> None:
+        while not self._closed:
+            self._wake.wait(MAINTAIN_S)
+            self._wake.clear()
+            if self._closed:
+                return
+            self._stop_idle()
+            while not self._closed and self._spawn_one():
+                pass
+
+    def _spawn_one(self) -> bool:
+        with self._lock:
+            if len(self._procs) >= self._wanted:
+                return False
+        try:
+            proc = EncoderProcess(self._slab_paths)
+        except OSError as exc:
+            log.warning("cannot start an encoder process: %s", exc)
+            with self._lock:
+                self._wanted = len(self._procs)
+            return False
+        with self._lock:
+            if self._closed:
+                idle = [proc]
+            else:
+                self._procs.append(proc)
+                self.spawned += 1
+                return True
+        for extra in idle:
+            extra.stop()
+        return False
+
+    def _stop_idle(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            for proc in self._procs:
+                if not proc.busy:
+                    proc.poll()
+            idle = [
+                p
+                for p in self._procs
+                if not p.busy and (p.broken or now - p.idle_since > IDLE_EXIT_S)
+            ]
+            for proc in idle:
+                self._procs.remove(proc)
+            if idle:
+                self._wanted = len(self._procs)
+        for proc in idle:
+            proc.stop()
+
+    def close(self) -> None:
+        """Stop every process; one still encoding is left to end with the daemon."""
+        self._closed = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(STOP_WAIT_S)
+        with self._lock:
+            idle = [p for p in self._procs if not p.busy]
+            self._procs.clear()
+        for proc in idle:
+            proc.stop()

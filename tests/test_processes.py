@@ -1,0 +1,195 @@
+"""Short clips encoded in encoder processes: same bytes, same rules, nothing left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import cast
+
+import numpy as np
+import pytest
+
+from client import ServerError
+from client.patterns import moving_pattern
+from sidecar import processes
+from sidecar.processes import EncoderProcesses
+from sidecar.warm import EncoderKey
+from tests.helpers import Daemon
+
+
+def encoder_processes(daemon: Daemon) -> list[int]:
+    """Pids of the daemon's encoder processes (their command line names its slabs)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"sidecar.process_main" in argv and any(daemon.prefix.encode() in a for a in argv):
+            pids.append(int(entry.name))
+    return pids
+
+
+def gone(pid: int) -> bool:
+    """Dead: exited (a zombie until the daemon reaps it) or reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] in "ZX"
+    except (OSError, IndexError):
+        return True
+
+
+def wait_for(predicate, timeout: float = 20.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def encode_until_in_processes(daemon: Daemon, clip: np.ndarray, **kwargs) -> list[bytes]:  # type: ignore[no-untyped-def]
+    """Encode `clip` back to back until encoder processes take the requests."""
+    outputs = []
+    with daemon.client() as c:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            outputs.append(c.encode(clip, **kwargs).data)
+            if c.status().counters["process_encodes"] >= 10:
+                return outputs
+    raise AssertionError("no encode went to an encoder process")
+
+
+def test_processes_give_the_bytes_the_daemon_gives(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    clip = moving_pattern(5, 96, 160)
+    inside = make_daemon(encoder_processes=0)
+    with inside.client() as c:
+        expected = c.encode(clip).data
+        assert c.status().counters["process_encodes"] == 0
+    beside = make_daemon(encoder_processes=2)
+    outputs = encode_until_in_processes(beside, clip)
+    assert set(outputs) == {expected}  # the same settings give the same file
+    with beside.client() as c:
+        counters = c.status().counters
+    assert counters["warm_hits"] >= 8, counters  # the processes open ahead of time
+    assert len(encoder_processes(beside)) == 2
+
+
+def test_files_through_processes(make_daemon, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    d = make_daemon(encoder_processes=2)
+    clip = moving_pattern(4, 64, 96)
+    encode_until_in_processes(d, clip)
+    with d.client() as c:
+        before = c.status().counters["process_encodes"]
+        result = c.encode(clip, path="clips/a.mp4")
+        assert c.status().counters["process_encodes"] == before + 1
+    assert result.frames == 4 and Path(result.path).is_file()
+    probe = subprocess.run(
+        ["ffprobe", "-v", "error", "-count_frames", "-show_entries", "stream=nb_read_frames",
+         "-of", "csv=p=0", result.path],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert probe.stdout.strip() == "4"
+
+
+def test_a_killed_process_costs_no_request(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    d = make_daemon(encoder_processes=2)
+    clip = moving_pattern(4, 64, 96)
+    encode_until_in_processes(d, clip)
+    victims = encoder_processes(d)
+    assert victims
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    assert wait_for(lambda: all(gone(pid) for pid in victims))
+    with d.client() as c:
+        for _ in range(20):  # served in the daemon meanwhile, then by new processes
+            assert c.encode(clip).frames == 4
+        status = c.status()
+    assert status.counters["encodes_failed"] == 0
+    assert status.pool["active_leases"] <= 1  # at most the client's spare
+    assert wait_for(lambda: set(encoder_processes(d)) - set(victims))
+
+
+def test_stopping_the_daemon_stops_its_processes(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    d = make_daemon(encoder_processes=2)
+    encode_until_in_processes(d, moving_pattern(4, 64, 96))
+    assert encoder_processes(d)
+    assert d.stop() == 0
+    assert wait_for(lambda: not encoder_processes(d), timeout=5)
+    assert "Traceback" not in d.log()
+
+
+def test_idle_processes_stop(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Processes without work stop, so an idle daemon gives their memory back."""
+    monkeypatch.setattr(processes, "IDLE_EXIT_S", 0.5)
+    monkeypatch.setattr(processes, "MAINTAIN_S", 0.1)
+    slab = Path("/dev/shm") / f"vst-test-{os.getpid()}.slab"
+    slab.write_bytes(b"\0" * 4096)
+    pool = EncoderProcesses(limit=1)
+    key = cast(EncoderKey, object())  # any key: nothing is encoded
+    try:
+        pool.start([str(slab)])
+        assert pool.take(key) is None  # none up yet: the request encodes in the daemon
+        assert wait_for(lambda: pool.count == 1)
+        taken: list[processes.EncoderProcess] = []
+        assert wait_for(lambda: bool(taken.append(p) or True if (p := pool.take(key)) else 0))
+        pool.give(taken[0])
+        assert wait_for(lambda: pool.count == 0, timeout=10)
+        assert taken[0].popen.wait(5) == 0  # told to stop, and it did
+    finally:
+        pool.close()
+        slab.unlink()
+
+
+def test_keys_travel_to_the_process() -> None:
+    """What an assignment carries survives the trip (pickled as the process reads it)."""
+    import pickle
+    from fractions import Fraction
+
+    from sidecar.encoder import CodecSpec
+    from sidecar.frames import PIXEL_FORMATS, Geometry
+    from sidecar.process_main import Assignment, Region
+
+    geometry = Geometry(96, 64, PIXEL_FORMATS["rgb24"], Fraction(24))
+    codec = CodecSpec(codec="h264", crf=20).resolve()
+    key = EncoderKey.of(geometry, codec, "SLICE", 0)
+    job = Assignment(key, geometry, codec, 2, "SLICE", (Region(0, 0, 4, 288, 18432),))
+    assert pickle.loads(pickle.dumps(job)) == job
+
+
+def test_a_process_that_dies_mid_encode_hands_the_frames_on(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    """Processes killed while requests run: each request is answered, by another
+    process or in the daemon, and no lease is lost."""
+    d = make_daemon(encoder_processes=3)
+    clip = moving_pattern(16, 240, 320)
+    encode_until_in_processes(d, clip)
+    stop = threading.Event()
+
+    def kill_now_and_then() -> None:
+        while not stop.wait(0.05):
+            for pid in encoder_processes(d)[:1]:
+                os.kill(pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_now_and_then)
+    killer.start()
+    failed = 0
+    try:
+        with d.client() as c:
+            for _ in range(40):
+                try:
+                    assert c.encode(clip).frames == 16
+                except ServerError:  # two processes in a row died on it: told, not lost
+                    failed += 1
+    finally:
+        stop.set()
+        killer.join()
+    with d.client() as c:
+        status = c.status()
+        assert c.encode(clip).frames == 16
+    assert failed <= 4, failed
+    assert status.pool["active_leases"] <= 1
