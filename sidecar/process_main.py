@@ -14,6 +14,7 @@ read fails and the process exits.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import signal
@@ -84,8 +85,11 @@ class Worker:
     def serve(self) -> None:
         while True:
             if not self._conn.poll(IDLE_CLOSE_S):
-                self._discard_warm()
-                trim()
+                if self._warm is not None:
+                    self._discard_warm()
+                    trim()
+                    with contextlib.suppress(OSError):
+                        self._conn.send(Ready(None))  # no encoder ready any more
                 continue
             try:
                 job = self._conn.recv()

@@ -8,9 +8,10 @@ processes (`process_main`), each with its own GIL and its own ready encoder. A p
 answers, then opens its next encoder while another takes the next request: back-to-back
 requests alternate between processes and never wait for an open.
 
-Processes start on demand, in the background (about 0.3 s; requests meanwhile encode in
-the daemon as before), up to `limit`, and stop after `IDLE_EXIT_S` without work, so an
-idle daemon gives their memory back. A process that dies fails only the request it was
+Two processes start with the daemon, more on demand, in the background (about 0.3 s;
+requests meanwhile encode in the daemon as before), up to `limit`; those beyond the first
+two stop after `IDLE_EXIT_S` without work, and the two close their encoders after a minute
+idle, so an idle daemon gives the memory back. A process that dies fails only the request it was
 encoding (EncodeFailed); the next request gets another.
 """
 
@@ -33,7 +34,8 @@ from .warm import EncoderKey
 
 log = logging.getLogger(__name__)
 
-IDLE_EXIT_S = 30.0  # a process without work this long is stopped
+IDLE_EXIT_S = 30.0  # a process without work this long is stopped, beyond the first KEEP
+KEEP = 2  # started with the daemon and kept: one encodes while the other opens
 MAINTAIN_S = 1.0  # how often the pool looks for idle processes to stop
 STOP_WAIT_S = 2.0
 
@@ -144,6 +146,7 @@ class EncoderProcesses:
         if not self.enabled:
             return
         self._slab_paths = slab_paths
+        self._wanted = min(self.limit, KEEP)
         self._thread = threading.Thread(target=self._maintain, name="encoder-processes")
         self._thread.daemon = True
         self._thread.start()
@@ -224,15 +227,17 @@ class EncoderProcesses:
             for proc in self._procs:
                 if not proc.busy:
                     proc.poll()
-            idle = [
+            idle = [p for p in self._procs if not p.busy and p.broken]
+            spare = len(self._procs) - len(idle) - KEEP
+            idle += [
                 p
                 for p in self._procs
-                if not p.busy and (p.broken or now - p.idle_since > IDLE_EXIT_S)
-            ]
+                if not p.busy and not p.broken and now - p.idle_since > IDLE_EXIT_S
+            ][: max(0, spare)]
             for proc in idle:
                 self._procs.remove(proc)
             if idle:
-                self._wanted = len(self._procs)
+                self._wanted = max(len(self._procs), min(self.limit, KEEP))
         for proc in idle:
             proc.stop()
 

@@ -128,6 +128,7 @@ def test_idle_processes_stop(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
     """Processes without work stop, so an idle daemon gives their memory back."""
     monkeypatch.setattr(processes, "IDLE_EXIT_S", 0.5)
     monkeypatch.setattr(processes, "MAINTAIN_S", 0.1)
+    monkeypatch.setattr(processes, "KEEP", 0)
     slab = Path("/dev/shm") / f"vst-test-{os.getpid()}.slab"
     slab.write_bytes(b"\0" * 4096)
     pool = EncoderProcesses(limit=1)
@@ -135,7 +136,7 @@ def test_idle_processes_stop(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
     try:
         pool.start([str(slab)])
         assert pool.take(key) is None  # none up yet: the request encodes in the daemon
-        assert wait_for(lambda: pool.count == 1)
+        assert wait_for(lambda: pool.count == 1)  # and one starts
         taken: list[processes.EncoderProcess] = []
         assert wait_for(lambda: bool(taken.append(p) or True if (p := pool.take(key)) else 0))
         pool.give(taken[0])
