@@ -439,7 +439,7 @@ def throughput(
     rows.append(_concurrent("pyav_defaults", shape, clients, pyav_defaults, frames_total))
     options = {"max_concurrent_encodes": clients, **pool_for(w * h * 3, t, copies=clients)}
     with daemon(**options) as d:
-        for name, fmt in (("sidecar", None), ("sidecar_yuv", "yuv420p")):
+        for name, fmt in (("sidecar", "rgb24"), ("sidecar_yuv", "yuv420p")):
             go = threading.Barrier(clients + 1)
 
             def work(fmt: str | None = fmt, go: threading.Barrier = go) -> None:

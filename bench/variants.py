@@ -7,7 +7,7 @@
   `cudaHostRegister`ed, D2H straight into it, unregistered, then borrowed views and
   borrowed frames (`from_numpy_buffer`), PyAV's default threading.
 - `ffmpeg_pipe`: what imageio-style exporters do: raw frames piped to an ffmpeg process.
-- `sidecar`: the real daemon and the real client, rgb24 (byte-exact) by default.
+- `sidecar`: the real daemon and the real client, sending rgb24 (byte-exact).
 - `sidecar_yuv`: the same with RGB converted to yuv420p before the copy (on the GPU
   with --device cuda), so half the bytes move and the daemon does no colour conversion.
 
@@ -164,7 +164,7 @@ class FfmpegPipe(Variant):
 
 class Sidecar(Variant):
     name = "sidecar"
-    pixel_format: str | None = None
+    pixel_format: str | None = "rgb24"  # byte-exact; a CUDA tensor's default is yuv420p
 
     def __init__(self, device: Device, client: Any, **options: Any) -> None:
         super().__init__(device)

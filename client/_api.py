@@ -140,8 +140,11 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
             path: the output file, relative to the daemon's output root; without it the
                 bytes come back in `result.data`.
             overwrite: replace an existing file at `path` (else `AlreadyExists`).
-            pixel_format: what travels: None sends RGB as rgb24 (byte-exact); "yuv420p" or
-                "nv12" convert RGB to 4:2:0 BT.709 before the copy (half the bytes, no
+            pixel_format: what travels. None: RGB in a CUDA tensor is converted to
+                yuv420p on the GPU, other RGB goes as rgb24. "rgb24" sends RGB as it is,
+                for the daemon to convert (byte-exact with its swscale, the choice when
+                outputs must match a CPU encode bit for bit); "yuv420p" or "nv12"
+                convert RGB to 4:2:0 BT.709 before the copy (half the bytes, no
                 conversion in the daemon); "bgr24", "rgba" and "gray" are taken as they
                 are. A uint8 numpy array (T, H*3/2, W) with "yuv420p" or "nv12" is taken
                 as already converted.

@@ -207,6 +207,11 @@ def prepare_video(
         video, layout = video[..., None], "THWC"  # the channel axis is the one added here
 
     view = frames_view(video, layout)
+    device = video.device.type if torch is not None else "cpu"
+    if pixel_format is None and device == "cuda" and view.shape[3] == 3:
+        # RGB on a GPU is converted there (one fused kernel), off the daemon's request
+        # path; "rgb24" keeps the daemon's byte-exact conversion as a choice.
+        pixel_format = "yuv420p"
     wire = wire_format(view.shape[3], pixel_format)
     if is_planar420(wire) and (view.shape[1] % 2 or view.shape[2] % 2):
         raise InvalidVideo(
@@ -214,7 +219,6 @@ def prepare_video(
         )
     scale, offset = check_value_range(value_range)
     conversion = Conversion(wire, scale, offset, integer=dtype == "uint8")
-    device = video.device.type if torch is not None else "cpu"
     if device not in ("cpu", "cuda"):
         raise InvalidVideo(f"tensor on {video.device}: only CPU and CUDA tensors are supported")
     if device == "cuda" and cuda is None:

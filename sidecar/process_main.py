@@ -81,6 +81,7 @@ class Worker:
         self._conn = conn
         self._slabs = [_map(path) for path in slab_paths]
         self._warm: tuple[EncoderKey, WarmEncoder] | None = None
+        self._used: list[WarmEncoder] = []  # freed once the answer is sent
 
     def serve(self) -> None:
         while True:
@@ -101,6 +102,8 @@ class Worker:
             answer = self._encode(job)
             try:
                 self._conn.send(answer)
+                # Only now let the used encoder go: closing x264 joins its threads.
+                self._used.clear()
                 self._conn.send(Ready(self._refill(job)))
             except OSError:
                 return  # the daemon has gone
@@ -148,6 +151,7 @@ class Worker:
         finally:
             if warm is not None:
                 warm.discard()
+                self._used.append(warm)
 
     def _take_warm(self, key: EncoderKey) -> WarmEncoder | None:
         if self._warm is not None and self._warm[0] == key:

@@ -36,7 +36,7 @@ def test_uint8_round_trip_is_bit_exact(
     client: SidecarClient, rgb: np.ndarray, baseline: bytes
 ) -> None:
     gpu = torch.from_numpy(rgb).cuda()
-    result = client.encode(gpu, threads=1)
+    result = client.encode(gpu, threads=1, pixel_format="rgb24")
     assert result.data == baseline
     assert client.cuda_registrations >= 1
 
@@ -83,25 +83,28 @@ def test_non_contiguous_inputs(client: SidecarClient, rgb: np.ndarray, baseline:
     gpu = torch.from_numpy(rgb).cuda()
     tchw = gpu.permute(0, 3, 1, 2)  # a permuted view, not a copy
     assert not tchw.is_contiguous()
-    assert client.encode(tchw, threads=1).data == baseline
+    assert client.encode(tchw, threads=1, pixel_format="rgb24").data == baseline
     wide = torch.zeros(24, 192, 400, 3, dtype=torch.uint8, device="cuda")
     wide[:, :, :320] = gpu
     cropped = wide[:, :, :320]  # padded rows
-    assert client.encode(cropped, threads=1).data == baseline
+    assert client.encode(cropped, threads=1, pixel_format="rgb24").data == baseline
     every_other = torch.stack([gpu, gpu], dim=1).reshape(48, 192, 320, 3)[::2]
     assert not every_other.is_contiguous()
-    assert client.encode(every_other, threads=1).data == baseline
+    assert client.encode(every_other, threads=1, pixel_format="rgb24").data == baseline
 
 
 def test_gpu_420_is_close_to_cpu_conversion(client: SidecarClient, rgb: np.ndarray) -> None:
     cpu_side, facts_a = decode(client.encode(rgb).data or b"")
     gpu = torch.from_numpy(rgb).cuda()
-    for fmt in ("yuv420p", "nv12"):
-        result = client.encode(gpu, pixel_format=fmt)
+    outputs = {}
+    for fmt in (None, "yuv420p", "nv12"):  # None: a CUDA tensor's RGB goes as yuv420p
+        result = client.encode(gpu, pixel_format=fmt, threads=1)
+        outputs[fmt] = result.data
         gpu_side, facts_b = decode(result.data or b"")
         assert abs(psnr(gpu_side, rgb) - psnr(cpu_side, rgb)) <= 1.0
         keys = ("colorspace", "color_range", "color_primaries", "color_trc", "pix_fmt")
         assert {k: facts_b[k] for k in keys} == {k: facts_a[k] for k in keys}
+    assert outputs[None] == outputs["yuv420p"]
     # Same conversion code on CPU and GPU: the planes agree to one level.
     conv = Conversion("yuv420p", 255.0, 0.0, integer=True)
     on_gpu = conv.apply(gpu[:4], Ops(torch)).cpu().numpy().astype(int)
@@ -148,13 +151,15 @@ def test_registration_failure_falls_back_with_one_warning(
     gpu = torch.from_numpy(rgb).cuda()
     with daemon.client() as c:
         with pytest.warns(RuntimeWarning, match="cudaHostRegister failed"):
-            assert c.encode(gpu, threads=1).data == baseline
+            assert c.encode(gpu, threads=1, pixel_format="rgb24").data == baseline
         assert c.cuda_registrations == 0
         import warnings
 
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            assert c.encode(gpu, threads=1).data == baseline  # warned once only
+            assert (
+                c.encode(gpu, threads=1, pixel_format="rgb24").data == baseline
+            )  # warned once only
 
 
 def _child(
@@ -189,7 +194,7 @@ def test_forked_child_does_not_reuse_registrations(
         assert child_registrations == 0 and size > 0 and pid != os.getpid()
         # The parent's registrations survived the child.
         assert c.cuda_registrations == registered
-        assert c.encode(gpu, threads=1).data == baseline
+        assert c.encode(gpu, threads=1, pixel_format="rgb24").data == baseline
 
 
 @pytest.mark.parametrize("dtype", ["uint8", "float16", "bfloat16", "float32"])
