@@ -24,6 +24,7 @@ from .common import PATTERNS, SHAPES, Device, Row, parse_shape, run_together, su
 from .variants import FfmpegPipe, Sidecar, SidecarYuv, UpstreamA, UpstreamD, Variant, pyav_encode
 
 MiB = 1024 * 1024
+CONCURRENT_WARMUP_S = 1.0
 
 
 @contextlib.contextmanager
@@ -173,8 +174,13 @@ def _run_lanes(
     lock = threading.Lock()
 
     def lane(v: Variant) -> None:
-        for _ in range(warmup):
+        # Concurrent lanes warm up for a second at least: long enough for the daemon to
+        # start the encoder processes that much traffic asks for (steady state).
+        until = time.perf_counter() + (CONCURRENT_WARMUP_S if go is not None and warmup else 0)
+        done = 0
+        while done < warmup or time.perf_counter() < until:
             v.run(video, shape)
+            done += 1
         if go is not None:
             go.wait()
         times: list[float] = []

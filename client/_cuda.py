@@ -31,6 +31,7 @@ CUDA_SUCCESS = 0
 ALREADY_REGISTERED = 712  # cudaErrorHostMemoryAlreadyRegistered
 REGISTER_PORTABLE = 1  # cudaHostRegisterPortable: visible to every context
 GPU_BATCH_BYTES = 64 * 1024 * 1024  # scratch per conversion batch on the GPU
+OVERLAP_BATCHES = 4  # fused 4:2:0 batches: smaller, converted while the last one copies
 
 
 class CudaRuntime:
@@ -79,7 +80,7 @@ class CudaHost:
     registrations: int = 0  # successful cudaHostRegister calls, for tests and status
     _registered: dict[int, tuple[int, bool]] = field(default_factory=dict)  # addr -> size, owned
     _failed: set[int] = field(default_factory=set)
-    _streams: dict[int, Any] = field(default_factory=dict)
+    _streams: dict[tuple[int, str], Any] = field(default_factory=dict)
     _runtime: CudaRuntime | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _warned: bool = False
@@ -150,14 +151,15 @@ class CudaHost:
             del self._registered[address]
             return True
 
-    def stream(self, device: Any) -> Any:
+    def stream(self, device: Any, role: str = "copy") -> Any:
+        """This client's stream for `role` ("copy" or "convert") on `device`."""
         import torch
 
         self._check_fork()
         index = device.index if device.index is not None else torch.cuda.current_device()
-        if index not in self._streams:
-            self._streams[index] = torch.cuda.Stream(device=index)
-        return self._streams[index]
+        if (index, role) not in self._streams:
+            self._streams[index, role] = torch.cuda.Stream(device=index)
+        return self._streams[index, role]
 
     def _warn(self, reason: str) -> None:
         if not self._warned:
@@ -200,6 +202,12 @@ class CudaVideo:
         self._fused = conversion.yuv and _yuv_kernel.available()
         scratch = self.frame_bytes if self._fused else self.height * self.width * channels * 4
         self._batch = max(1, GPU_BATCH_BYTES // scratch)
+        if self._fused:
+            # The kernel for the next batch runs on its own stream while this one crosses
+            # PCIe: smaller batches, so little of the first kernel is left unhidden.
+            self._batch = max(1, self._batch // OVERLAP_BATCHES)
+            self._convert_stream = host.stream(self.device, "convert")
+            self._convert_stream.wait_event(self._ready)
 
     @property
     def frame_bytes(self) -> int:
@@ -211,11 +219,21 @@ class CudaVideo:
         shape = frame_shape(self.pixel_format, self.width, self.height)
         dst = torch.from_numpy(region[: count * self.frame_bytes]).view(count, *shape)
         step = count if self._identity else self._batch
-        with torch.cuda.device(self.device), torch.cuda.stream(self._side):
+        with torch.cuda.device(self.device):
             for first in range(start, start + count, step):
                 last = min(first + step, start + count)
-                out = self._convert(self.frames_thwc[first:last], shape)
-                dst[first - start : last - start].copy_(out, non_blocking=True)
+                if self._fused:
+                    with torch.cuda.stream(self._convert_stream):
+                        out = self._convert(self.frames_thwc[first:last], shape)
+                        converted = torch.cuda.Event()
+                        converted.record(self._convert_stream)
+                    self._side.wait_event(converted)
+                    out.record_stream(self._side)  # not reused before the copy is done
+                else:
+                    with torch.cuda.stream(self._side):
+                        out = self._convert(self.frames_thwc[first:last], shape)
+                with torch.cuda.stream(self._side):
+                    dst[first - start : last - start].copy_(out, non_blocking=True)
 
     def _convert(self, batch: Any, shape: tuple[int, ...]) -> Any:
         """Wire frames for `batch`, on the GPU (the caller's own frames when they are)."""

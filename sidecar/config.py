@@ -103,7 +103,7 @@ class Config:
             "encodes that run at once; more wait in a queue",
             parse_int,
             "N",
-            shown=f"cores / 2, at most 8: {default_concurrency()} here",
+            shown=f"cores / 2, at most 16: {default_concurrency()} here",
         ),
     )
     encoder_threads: int = field(

@@ -119,8 +119,9 @@ def default_shm_prefix() -> str:
 
 
 def default_concurrency() -> int:
-    # Several encodes with few threads each beat one wide encode on throughput.
-    return max(1, min(8, cpu_count() // 2))
+    # Several encodes with few threads each beat one wide encode on throughput; a node
+    # with 32 cores and two GPUs needs 16 of them to keep its cores busy.
+    return max(1, min(16, cpu_count() // 2))
 
 
 def default_encoder_processes() -> int:

@@ -105,19 +105,25 @@ def encode_segments(
     """Encode `segments` at once and mux them in order; False (nothing done) when the
     segment encoders would not share the stream's headers."""
     each = max(1, threads // len(segments))
-    coders = [SegmentCoder(encoder, each) for _ in segments]
-    if any(c.extradata != encoder.extradata for c in coders):
+    first = SegmentCoder(encoder, each)
+    if first.extradata != encoder.extradata:
         return False
     failed = threading.Event()
 
     def halt() -> bool:
         return failed.is_set() or stopped()
 
+    def encode(index: int, start: int, stop: int) -> list[Any]:
+        # The others open in their own threads: the first segment encodes meanwhile.
+        coder = first if index == 0 else SegmentCoder(encoder, each)
+        if coder.extradata != encoder.extradata:  # same settings: never expected
+            raise RuntimeError("segment encoders disagree on the stream headers")
+        return coder.encode(frame_at, start, stop, halt)
+
     t0, mux0 = time.perf_counter(), encoder.timings.mux
     with ThreadPoolExecutor(len(segments), thread_name_prefix="segment") as pool:
         futures = [
-            pool.submit(coder.encode, frame_at, start, stop, halt)
-            for coder, (start, stop) in zip(coders, segments, strict=True)
+            pool.submit(encode, index, start, stop) for index, (start, stop) in enumerate(segments)
         ]
         try:
             for future, (start, stop) in zip(futures, segments, strict=True):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -80,6 +81,7 @@ def test_processes_give_the_bytes_the_daemon_gives(make_daemon) -> None:  # type
     assert len(encoder_processes(beside)) == 2
 
 
+@pytest.mark.skipif(shutil.which("ffprobe") is None, reason="needs ffprobe")
 def test_files_through_processes(make_daemon, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     d = make_daemon(encoder_processes=2)
     clip = moving_pattern(4, 64, 96)
