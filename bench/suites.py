@@ -24,7 +24,7 @@ from .common import PATTERNS, SHAPES, Device, Row, parse_shape, run_together, su
 from .variants import FfmpegPipe, Sidecar, SidecarYuv, UpstreamA, UpstreamD, Variant, pyav_encode
 
 MiB = 1024 * 1024
-CONCURRENT_WARMUP_S = 1.0
+CONCURRENT_WARMUP_S = 3.0
 
 
 @contextlib.contextmanager
@@ -174,7 +174,7 @@ def _run_lanes(
     lock = threading.Lock()
 
     def lane(v: Variant) -> None:
-        # Concurrent lanes warm up for a second at least: long enough for the daemon to
+        # Concurrent lanes warm up for a few seconds at least: long enough for the daemon to
         # start the encoder processes that much traffic asks for (steady state).
         until = time.perf_counter() + (CONCURRENT_WARMUP_S if go is not None and warmup else 0)
         done = 0
@@ -281,9 +281,9 @@ def transfer(device: Device, samples: int | None, content: str = "smooth") -> li
             nbytes = w * h * t * 3
             raw = _raw_copy_ms(device, video, nbytes, n)
             rows.append(summarise("raw_registered_copy", shape, raw, gbps=_gbps(nbytes, raw)))
-            for fmt in (None, "yuv420p"):
+            for fmt in ("rgb24", "yuv420p"):
                 lease_ms, copy_ms, moved = _lease_copy_ms(client, device, video, fmt, n)
-                name = "lease_copy" if fmt is None else "lease_copy_yuv420p"
+                name = "lease_copy" if fmt == "rgb24" else "lease_copy_yuv420p"
                 rows.append(
                     summarise(
                         name, shape, lease_ms, bytes_moved=moved, gbps=_gbps(moved, lease_ms),

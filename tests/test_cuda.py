@@ -43,7 +43,7 @@ def test_uint8_round_trip_is_bit_exact(
 
 def test_lease_bytes_equal_the_tensor(client: SidecarClient, rgb: np.ndarray) -> None:
     gpu = torch.from_numpy(rgb).cuda()
-    source = client._prepare(gpu, None, None, (0, 1))
+    source = client._prepare(gpu, "rgb24", None, (0, 1))
     lease = client.lease(rgb.nbytes)
     try:
         source.copy_into(lease.array, 0, len(rgb))
@@ -60,8 +60,8 @@ def test_float_inputs_match_the_cpu_conversion(
     t = (torch.from_numpy(rgb).float() / 127.5 - 1).to(getattr(torch, dtype))
     t = t.permute(3, 0, 1, 2)[None].contiguous()  # (1, C, T, H, W) as a VAE returns it
     t[0, :, 0, 0, :4] = torch.tensor([float("nan"), float("inf"), float("-inf"), 3.0])[:, None].T
-    cpu = client._prepare(t.cpu(), None, None, (-1, 1))
-    gpu = client._prepare(t.cuda(), None, None, (-1, 1))
+    cpu = client._prepare(t.cpu(), "rgb24", None, (-1, 1))
+    gpu = client._prepare(t.cuda(), "rgb24", None, (-1, 1))
     lease_a, lease_b = client.lease(rgb.nbytes), client.lease(rgb.nbytes)
     try:
         cpu.copy_into(lease_a.array, 0, len(rgb))
