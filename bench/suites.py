@@ -18,13 +18,16 @@ from typing import Any
 import numpy as np
 
 from client import SidecarClient
+from sidecar.config_values import ENV_PREFIX, default_encoder_processes
 from sidecar.launcher import DaemonProcess
+from sidecar.processes import KEEP
 
 from .common import PATTERNS, SHAPES, Device, Row, parse_shape, run_together, summarise, timed
 from .variants import FfmpegPipe, Sidecar, SidecarYuv, UpstreamA, UpstreamD, Variant, pyav_encode
 
 MiB = 1024 * 1024
 CONCURRENT_WARMUP_S = 3.0
+ENV_PROCESSES = ENV_PREFIX + "ENCODER_PROCESSES"
 
 
 @contextlib.contextmanager
@@ -39,9 +42,21 @@ def daemon(**options: Any) -> Iterator[DaemonProcess]:
         process = DaemonProcess(str(Path(tmp) / "sidecar.sock"), **{**defaults, **options})
         process.start()
         try:
+            _settle(process, options)
             yield process
         finally:
             process.stop()
+
+
+def _settle(process: DaemonProcess, options: dict[str, Any]) -> None:
+    """Wait (5 s at most) for the encoder processes a daemon starts with: a server runs
+    for hours, and its first second is not what the bench measures."""
+    configured = options.get("encoder_processes", os.environ.get(ENV_PROCESSES))
+    wanted = min(KEEP, default_encoder_processes() if configured is None else int(configured))
+    deadline = time.monotonic() + 5
+    with SidecarClient(process.socket) as c:
+        while c.status().encoder_processes < wanted and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def pool_for(

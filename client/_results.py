@@ -182,4 +182,5 @@ def status_from_proto(resp: pb.StatusResponse) -> Status:
         max_concurrent_encodes=resp.max_concurrent_encodes,
         clients=resp.clients,
         counters=counters,
+        encoder_processes=resp.encoder_processes,
     )

@@ -115,6 +115,7 @@ class Status:
     max_concurrent_encodes: int
     clients: int
     counters: dict[str, Any]
+    encoder_processes: int = 0  # up and ready for work
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -245,6 +245,7 @@ def status_to_proto(s: StatusReport, errors_by_code: dict[str, int]) -> pb.Statu
         active_encodes=s.active_encodes,
         queued_encodes=s.queued_encodes,
         max_concurrent_encodes=s.max_concurrent_encodes,
+        encoder_processes=s.encoder_processes,
         clients=s.clients,
         counters=pb.Counters(
             requests=s.stats.requests,

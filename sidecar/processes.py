@@ -155,6 +155,15 @@ class EncoderProcesses:
     def count(self) -> int:
         return len(self._procs)
 
+    @property
+    def ready(self) -> int:
+        """Processes up and not broken (started ones said so)."""
+        with self._lock:
+            for proc in self._procs:
+                if not proc.busy:
+                    proc.poll()
+            return sum(p.started and not p.broken for p in self._procs)
+
     def take(self, key: EncoderKey) -> EncoderProcess | None:
         """The free process that can start on `key` soonest, or None (encode in the
         daemon): none is up yet, or all are busy. Give it back with `give()`."""

@@ -344,6 +344,7 @@ class Sidecar:
             active_encodes=self.scheduler.active,
             queued_encodes=self.scheduler.queued,
             max_concurrent_encodes=self.config.max_concurrent_encodes,
+            encoder_processes=self.processes.ready,
             clients=len(self.clients),
             stats=self.stats,
             leases_granted=self.leases.granted,

@@ -55,6 +55,7 @@ class StatusReport:
     stats: Stats
     leases_granted: int
     leases_expired: int
+    encoder_processes: int = 0
     warm_hits: int = 0
     warm_misses: int = 0
     process_encodes: int = 0

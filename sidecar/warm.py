@@ -2,13 +2,15 @@
 
 Opening libx264 and the colour converter costs several milliseconds, as much as encoding a
 short clip, and holds the GIL. Generation servers send the same settings again and again,
-so the pool opens the next encoder for a setting on a background thread when a request
-takes one: the next request finds it ready instead of paying the open. When requests come
-back to back (or several at once), it opens the next one at once, while the request
-encodes; when they are spaced out, once the request is answered, in the idle time, so the
-open holds no GIL against the request's frames. The pool keeps as many ready per setting
-as that setting has had requests in flight at once recently, so 8 concurrent clients
-find 8.
+so the pool opens the next encoder for a setting on a background thread after a request
+takes one: the next request finds it ready instead of paying the open. When several
+requests run at once, it opens the next ones at once, while they encode; when one client
+sends back to back, as its encode ends (the open then holds the GIL against the answer and
+the client's own time, not the frames); when requests are spaced out, once the request is
+answered. A request that finds its encoder still opening waits for it rather than open
+its own. The pool keeps as many ready per setting as that setting has had requests in
+flight at once recently, so 8 concurrent clients find 8. (With encoder processes, see
+processes, short clips skip this pool: each process keeps its own.)
 
 The thread count is not part of the key: a ready encoder is opened with a share of the
 cores for the concurrency its setting sees, and a request that takes it uses it as is.
@@ -37,6 +39,7 @@ MAX_IDLE_S = 120.0  # a ready encoder unused this long is closed
 DEMAND_WINDOW_S = 30.0  # how long a burst of concurrency is remembered
 STEADY_GAP_S = 0.005  # a request this soon after the last one ended is back to back
 SPACED_IDLE_S = 0.05  # a ready encoder that waited this long served spaced-out traffic
+WAIT_FOR_OPENING_S = 0.05  # longest a request waits for an encoder already opening
 
 
 @dataclass(frozen=True)
@@ -120,9 +123,10 @@ class WarmPool:
         self._in_use: Counter[EncoderKey] = Counter()
         self._demand: dict[EncoderKey, tuple[int, float]] = {}  # peak in use, and when
         self._ended: dict[EncoderKey, float] = {}  # when the last encode for a key ended
-        self._deferred: dict[EncoderKey, tuple[int, Opener]] = {}  # openings for later
+        self._deferred: dict[EncoderKey, tuple[int, Opener, str]] = {}  # openings for later
         self._late: set[EncoderKey] = set()  # keys whose openings for later came too late
         self._lock = threading.Lock()
+        self._filled = threading.Condition(self._lock)  # an opening ended
         self._closed = False
         self._executor: ThreadPoolExecutor | None = None
         self.hits = 0
@@ -149,6 +153,9 @@ class WarmPool:
             while ready and now - ready[0].ready_at > MAX_IDLE_S:
                 stale.append(ready.popleft())
             warm = ready.popleft() if ready else None
+            waited = warm is None and self._opening[key] > 0
+            if waited:
+                warm = self._wait_for_opening(key, now + WAIT_FOR_OPENING_S)
             if warm is not None:
                 self.hits += 1
             else:
@@ -158,18 +165,19 @@ class WarmPool:
             # room, or a server that moves to a new shape would open every request cold.
             stale += self._make_room(key, missing)
             missing = min(missing, self.capacity - self._held())
-            # Back to back (this request came right after the last one ended): open the
-            # next ones now, during this encode, or they would not be ready in time.
-            # Spaced out: open them once this request is answered, in the idle time,
-            # so the open holds no GIL against this request's frames.
-            if warm is None and self._opening[key]:
-                self._late.add(key)  # an opening left for later did not make it in time
+            # When to open the next ones. Several at once: now, during this encode, or
+            # they would not be ready in time. One client back to back (this request
+            # came right after the last one ended): as this encode ends, so the open
+            # holds the GIL against the answer and the idle gap, not this request's
+            # frames. Spaced out: once this request is answered, in the idle time.
+            if waited:
+                self._late.add(key)  # an opening left for later was not ready in time
             elif warm is not None and now - warm.ready_at > SPACED_IDLE_S:
                 self._late.discard(key)  # it waited for its request: spaced out again
             gap = now - self._ended.get(key, -1e9)
-            steady = gap < STEADY_GAP_S or self._in_use[key] > 1 or key in self._late
-            if not steady and missing:
-                self._deferred[key] = (missing, opener)
+            if missing and self._in_use[key] == 1:
+                steady = gap < STEADY_GAP_S or key in self._late
+                self._deferred[key] = (missing, opener, "checkin" if steady else "answered")
                 missing = 0
             self._opening[key] += missing
         for old in stale:
@@ -184,16 +192,34 @@ class WarmPool:
             if not self._in_use[key]:
                 del self._in_use[key]
             self._ended[key] = time.monotonic()
+        self._open_deferred(key, "checkin")
 
     def answered(self, key: EncoderKey) -> None:
         """The request that took an encoder for `key` has its answer: open what it left
         for later (see `checkout`)."""
+        self._open_deferred(key, "answered", "checkin")
+
+    def _open_deferred(self, key: EncoderKey, *moments: str) -> None:
         with self._lock:
-            missing, opener = self._deferred.pop(key, (0, None))
+            missing, opener, moment = self._deferred.get(key, (0, None, ""))
+            if moment not in moments:
+                return
+            del self._deferred[key]
             self._opening[key] += missing
         for _ in range(missing):
             assert opener is not None
             self._submit(key, opener)
+
+    def _wait_for_opening(self, key: EncoderKey, deadline: float) -> WarmEncoder | None:
+        """The encoder being opened for `key`, once ready (lock held); None if it is not
+        by `deadline`. It started before this request came: it is nearer done than an
+        open of this request's own would be."""
+        while self._opening[key] and (left := deadline - time.monotonic()) > 0:
+            self._filled.wait(left)
+            ready = self._ready.get(key)
+            if ready:
+                return ready.popleft()
+        return None
 
     def demand(self, key: EncoderKey) -> int:
         with self._lock:
@@ -221,14 +247,16 @@ class WarmPool:
 
     def _submit(self, key: EncoderKey, opener: Opener) -> None:
         def fill() -> None:
+            warm: WarmEncoder | None = None
             try:
                 warm = None if self._closed else opener(self.demand(key))
             finally:
                 with self._lock:
                     self._opening[key] -= 1
                     keep = warm is not None and not self._closed
-                    if keep:
-                        self._ready.setdefault(key, deque()).append(warm)  # type: ignore[arg-type]
+                    if warm is not None and keep:
+                        self._ready.setdefault(key, deque()).append(warm)
+                    self._filled.notify_all()
             if warm is not None and not keep:
                 warm.discard()
 

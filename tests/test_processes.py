@@ -79,6 +79,8 @@ def test_processes_give_the_bytes_the_daemon_gives(make_daemon) -> None:  # type
         counters = c.status().counters
     assert counters["warm_hits"] >= 8, counters  # the processes open ahead of time
     assert len(encoder_processes(beside)) == 2
+    with beside.client() as c:
+        assert c.status().encoder_processes == 2  # both up, as status says
 
 
 @pytest.mark.skipif(shutil.which("ffprobe") is None, reason="needs ffprobe")

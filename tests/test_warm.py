@@ -171,3 +171,43 @@ def test_a_new_setting_takes_the_room_of_the_oldest() -> None:
         pool.checkin(new)
     finally:
         pool.close()
+
+
+def test_back_to_back_opens_as_the_encode_ends_and_the_next_waits_for_it() -> None:
+    """One client back to back: the next encoder opens when this encode ends (not during
+    it), and a request that finds it still opening waits for it instead of opening its
+    own."""
+    pool = WarmPool(capacity=2)
+    pool.start()
+    gate = threading.Event()
+    calls: list[float] = []
+    opened: list[FakeWarm] = []
+
+    def opener(concurrency: int) -> WarmEncoder:
+        calls.append(time.monotonic())
+        gate.wait(10)
+        opened.append(FakeWarm(16))
+        return cast(WarmEncoder, opened[-1])
+
+    a = key(64)
+    try:
+        assert pool.checkout(a, opener) is None
+        pool.checkin(a)
+        assert pool.checkout(a, opener) is None  # right after the last one ended: steady
+        time.sleep(0.05)
+        assert calls == []  # nothing opens while this request encodes
+        pool.checkin(a)  # its encode ended: the next one starts opening now
+        deadline = time.monotonic() + 5
+        while not calls and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert len(calls) == 1
+        threading.Timer(0.02, gate.set).start()
+        t0 = time.monotonic()
+        warm = pool.checkout(a, opener)  # finds it opening: waits for it
+        assert warm is not None and warm is opened[0]
+        assert time.monotonic() - t0 >= 0.015
+        pool.checkin(a)
+        assert (pool.hits, pool.misses) == (1, 2)
+    finally:
+        gate.set()
+        pool.close()

@@ -471,7 +471,7 @@ class Counters(_message.Message):
     def __init__(self, requests: _Optional[int] = ..., encodes_ok: _Optional[int] = ..., encodes_failed: _Optional[int] = ..., frames_encoded: _Optional[int] = ..., bytes_out: _Optional[int] = ..., leases_granted: _Optional[int] = ..., leases_expired: _Optional[int] = ..., errors: _Optional[_Mapping[str, int]] = ..., warm_hits: _Optional[int] = ..., warm_misses: _Optional[int] = ..., process_encodes: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("server_version", "instance_id", "uptime_s", "pool", "active_encodes", "queued_encodes", "max_concurrent_encodes", "clients", "counters")
+    __slots__ = ("server_version", "instance_id", "uptime_s", "pool", "active_encodes", "queued_encodes", "max_concurrent_encodes", "clients", "counters", "encoder_processes")
     SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
@@ -481,6 +481,7 @@ class StatusResponse(_message.Message):
     MAX_CONCURRENT_ENCODES_FIELD_NUMBER: _ClassVar[int]
     CLIENTS_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    ENCODER_PROCESSES_FIELD_NUMBER: _ClassVar[int]
     server_version: str
     instance_id: str
     uptime_s: float
@@ -490,4 +491,5 @@ class StatusResponse(_message.Message):
     max_concurrent_encodes: int
     clients: int
     counters: Counters
-    def __init__(self, server_version: _Optional[str] = ..., instance_id: _Optional[str] = ..., uptime_s: _Optional[float] = ..., pool: _Optional[_Union[PoolStatus, _Mapping]] = ..., active_encodes: _Optional[int] = ..., queued_encodes: _Optional[int] = ..., max_concurrent_encodes: _Optional[int] = ..., clients: _Optional[int] = ..., counters: _Optional[_Union[Counters, _Mapping]] = ...) -> None: ...
+    encoder_processes: int
+    def __init__(self, server_version: _Optional[str] = ..., instance_id: _Optional[str] = ..., uptime_s: _Optional[float] = ..., pool: _Optional[_Union[PoolStatus, _Mapping]] = ..., active_encodes: _Optional[int] = ..., queued_encodes: _Optional[int] = ..., max_concurrent_encodes: _Optional[int] = ..., clients: _Optional[int] = ..., counters: _Optional[_Union[Counters, _Mapping]] = ..., encoder_processes: _Optional[int] = ...) -> None: ...
