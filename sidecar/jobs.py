@@ -28,7 +28,13 @@ from .output import FileTarget, output_error
 from .plans import EncodeOutcome, EncodePlan
 from .process_main import Answer, Assignment, Region
 from .processes import EncoderProcesses, ProcessGone
-from .segments import SEGMENTABLE, encode_segments, frame_lookup, plan_segments
+from .segments import (
+    SEGMENTABLE,
+    encode_segments,
+    frame_lookup,
+    keyframe_interval,
+    plan_segments,
+)
 from .shm import Slab
 from .warm import EncoderKey, WarmPool, open_in_memory, opener_for
 
@@ -284,7 +290,7 @@ class EncodeJob:
         plan = self.plan
         if not plan.frames_total or plan.codec.choice.encoder not in SEGMENTABLE:
             return False
-        segments = plan_segments(plan.frames_total, self.threads, plan.codec.gop)
+        segments = plan_segments(plan.frames_total, self.threads, keyframe_interval(plan.codec))
         if len(segments) < 2:
             return False
         pieces, end = self._feed.drain()

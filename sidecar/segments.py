@@ -7,8 +7,12 @@ encoder, configured exactly like the output stream's (so they share its SPS/PPS)
 starts on a keyframe; their packets are muxed into the one output in order, with the
 segment's own timestamps, so the result is one valid file with continuous timestamps.
 
-The cost is one extra keyframe per cut, so segments are long (`MIN_SEGMENT_FRAMES`), and
-only as many as the job's share of the cores allows: concurrent requests each get fewer
+Cuts fall only where a single pass puts a keyframe anyway: on multiples of the keyframe
+interval (the request's `gop`, a `keyint`/`g` option, else the encoders' default of 250).
+A cut anywhere else costs a keyframe, which on grainy content is worth some 20 other
+frames: 1344x768x122 with one such cut came out 13% larger, with three 39%. So with the
+default interval a video is cut only past 250 frames, and a short GOP cuts freely. As
+many segments as the job's share of the cores allows: concurrent requests each get fewer
 cores and so fewer segments, and a 2-core machine never cuts at all.
 """
 
@@ -25,26 +29,35 @@ from typing import Any
 import av
 import numpy as np
 
-from .encoder import FrameConverter, VideoEncoder, configure, open_context
+from .codec_rules import split_params
+from .encoder import FrameConverter, ResolvedCodec, VideoEncoder, configure, open_context
 from .errors import Cancelled
 
 MIN_SEGMENT_FRAMES = 60
+DEFAULT_KEYINT = 250  # x264's and x265's keyint when nothing sets it
 THREADS_PER_SEGMENT = 4  # frame threads per segment encoder; x264 scales well to this
 MAX_SEGMENTS = 8
 SEGMENTABLE = ("libx264", "libx265")
 
 
-def plan_segments(frames: int, cores: int, gop: int | None) -> list[tuple[int, int]]:
+def plan_segments(frames: int, cores: int, keyint: int) -> list[tuple[int, int]]:
     """[start, stop) frame ranges: one (no cut) unless the video and the cores allow more.
-    Cuts fall on multiples of `gop` when the request fixed one."""
+    Cuts fall on multiples of `keyint` only, where the encoder starts a GOP anyway."""
     count = min(cores // THREADS_PER_SEGMENT, frames // MIN_SEGMENT_FRAMES, MAX_SEGMENTS)
     if count < 2:
         return [(0, frames)]
-    cuts = [frames * k // count for k in range(count + 1)]
-    if gop:
-        cuts = sorted({0, frames, *(round(c / gop) * gop for c in cuts[1:-1])})
-        cuts = [c for c in cuts if 0 <= c <= frames]
-    return [(a, b) for a, b in itertools.pairwise(cuts) if b > a]
+    cuts = {round(frames * k / count / keyint) * keyint for k in range(1, count)}
+    edges = [0, *sorted(c for c in cuts if 0 < c < frames), frames]
+    return list(itertools.pairwise(edges))
+
+
+def keyframe_interval(codec: ResolvedCodec) -> int:
+    """The largest GOP a single pass of `codec` makes: where it starts a new one anyway."""
+    params = split_params(codec.options.get(codec.choice.encoder[3:] + "-params", ""))
+    for value in (codec.gop, params.get("keyint"), codec.options.get("g")):
+        if value is not None and int(value) > 0:
+            return int(value)
+    return DEFAULT_KEYINT
 
 
 class SegmentCoder:

@@ -9,19 +9,30 @@ import numpy as np
 import pytest
 
 from client.patterns import moving_pattern
-from sidecar.segments import plan_segments
+from sidecar.encoder import CodecSpec
+from sidecar.segments import keyframe_interval, plan_segments
 
 from .helpers import decode, psnr
 
 
-def test_plan_follows_frames_and_cores() -> None:
-    assert plan_segments(362, 16, None) == [(0, 90), (90, 181), (181, 271), (271, 362)]
-    assert plan_segments(362, 2, None) == [(0, 362)]  # a 2-core share never cuts
-    assert plan_segments(100, 16, None) == [(0, 100)]  # too short for two segments
-    assert plan_segments(122, 16, None) == [(0, 61), (61, 122)]
-    cut = plan_segments(362, 16, 48)  # cuts on whole GOPs when the request fixes the GOP
-    assert all(start % 48 == 0 for start, _ in cut) and cut[-1][1] == 362
-    assert len(plan_segments(10_000, 256, None)) == 8
+def test_plan_follows_frames_cores_and_keyframes() -> None:
+    # Cuts only where a single pass starts a GOP anyway: with the default interval of 250,
+    # a 362-frame video once, a 122-frame one never.
+    assert plan_segments(362, 16, 250) == [(0, 250), (250, 362)]
+    assert plan_segments(122, 16, 250) == [(0, 122)]
+    assert plan_segments(362, 2, 250) == [(0, 362)]  # a 2-core share never cuts
+    assert plan_segments(100, 16, 10) == [(0, 100)]  # too short for two segments
+    cut = plan_segments(362, 16, 48)  # a short GOP cuts freely, on whole GOPs
+    assert len(cut) == 4 and all(start % 48 == 0 for start, _ in cut) and cut[-1][1] == 362
+    assert len(plan_segments(10_000, 256, 250)) == 8
+
+
+def test_keyframe_interval_comes_from_the_settings() -> None:
+    assert keyframe_interval(CodecSpec().resolve()) == 250
+    assert keyframe_interval(CodecSpec(gop=48).resolve()) == 48
+    assert keyframe_interval(CodecSpec(extra=(("x264-params", "keyint=60"),)).resolve()) == 60
+    h265 = CodecSpec(codec="h265", extra=(("x265-params", "keyint=30"),)).resolve()
+    assert keyframe_interval(h265) == 30
 
 
 def packets(data: bytes, fps: int = 24) -> list[tuple[int, int, bool]]:
@@ -43,7 +54,7 @@ def test_segments_match_a_single_pass(make_daemon, container: str, preset: str) 
     outputs = []
     for d in (one, four):
         with d.client() as c:
-            outputs.append(c.encode(video, preset=preset, container=container).data)
+            outputs.append(c.encode(video, preset=preset, container=container, gop=60).data)
     single, segmented = outputs
     got_single, _ = decode(single)
     got, facts = decode(segmented)
@@ -56,6 +67,7 @@ def test_segments_match_a_single_pass(make_daemon, container: str, preset: str) 
     assert dts == sorted(dts) and len(set(dts)) == len(dts)
     keyframes = [pts for pts, _, key in timeline if key]
     assert 0 in keyframes and 120 in keyframes  # each segment starts on a keyframe
+    assert keyframes == [pts for pts, _, key in packets(single) if key]  # and no others
     assert facts["rate"] == 24
 
 
