@@ -8,11 +8,13 @@ processes (`process_main`), each with its own GIL and its own ready encoder. A p
 answers, then opens its next encoder while another takes the next request: back-to-back
 requests alternate between processes and never wait for an open.
 
-Two processes start with the daemon, more on demand, in the background (about 0.3 s;
-requests meanwhile encode in the daemon as before), up to `limit`; those beyond the first
-two stop after `IDLE_EXIT_S` without work, and the two close their encoders after a minute
-idle, so an idle daemon gives the memory back. A process that dies fails only the request it was
-encoding (EncodeFailed); the next request gets another.
+Three processes start with the daemon and stay: a clip of a few small frames encodes
+faster than an encoder opens, so with two, back-to-back requests would wait for the other
+one's open. More start on demand, in the background (about 0.3 s; requests meanwhile go
+to a process still opening, or encode in the daemon), up to `limit`; those stop after
+`IDLE_EXIT_S` without work, and the three close their encoders after a minute idle, so an
+idle daemon gives the memory back. A process that dies costs no request: its frames are
+still in the leases and another process takes them (a second death fails the request).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from .warm import EncoderKey
 log = logging.getLogger(__name__)
 
 IDLE_EXIT_S = 30.0  # a process without work this long is stopped, beyond the first KEEP
-KEEP = 2  # started with the daemon and kept: one encodes while the other opens
+KEEP = 3  # started with the daemon and kept
 MAINTAIN_S = 1.0  # how often the pool looks for idle processes to stop
 STOP_WAIT_S = 2.0
 
