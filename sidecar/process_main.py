@@ -184,7 +184,10 @@ def _detail(exc: InvalidRequest) -> str:
 def _map(path: str) -> np.ndarray:
     fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        mapped = mmap.mmap(fd, os.fstat(fd).st_size, flags=mmap.MAP_SHARED)
+        # Populated now, at startup: a page first touched during an encode faults there,
+        # and a few hundred faults on a fresh region cost more than the encode itself.
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        mapped = mmap.mmap(fd, os.fstat(fd).st_size, flags=flags)
     finally:
         os.close(fd)
     return np.frombuffer(mapped, dtype=np.uint8)
