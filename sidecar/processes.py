@@ -177,8 +177,10 @@ class EncoderProcesses:
                 proc.poll()
             usable = [p for p in free if p.started and not p.broken]
             best = min(usable, key=lambda p: p.rank(key), default=None)
-            if best is None or best.rank(key) > 0:
-                # Another process would let the next request find a ready encoder.
+            if best is None:
+                # Every process is busy: the traffic runs more at once than there are.
+                # (A new setting, or a process still opening, is no reason: starting one
+                # costs more CPU than the open it would save.)
                 self._wanted = min(self.limit, len(self._procs) + 1)
                 self._wake.set()
             if best is not None:
