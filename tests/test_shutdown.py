@@ -50,6 +50,11 @@ def test_streams_in_flight_get_the_grace_period(make_daemon) -> None:  # type: i
     chunk = moving_pattern(8, 96, 128)
     with d.client() as c, c.stream(fps=24) as s:
         s.write(chunk)
+        # In flight: the daemon has the stream (its first chunk may still be on the way
+        # when write returns, and a stream it never saw is not one it owes a grace to).
+        deadline = time.monotonic() + 10
+        while c.status().active_encodes == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
         d.process.send_signal(signal.SIGINT)  # type: ignore[union-attr]
         for _ in range(10):  # a second and more of chunks, after the signal
             time.sleep(0.1)
