@@ -198,3 +198,19 @@ def test_a_process_that_dies_mid_encode_hands_the_frames_on(make_daemon) -> None
         assert c.encode(clip).frames == 16
     assert failed <= 8, failed  # only where two processes died under the same request
     assert status.pool["active_leases"] <= 1
+
+
+def test_processes_exit_when_the_daemon_is_killed(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    d = make_daemon(encoder_processes=2)
+    encode_until_in_processes(d, moving_pattern(4, 64, 96))
+    assert encoder_processes(d)
+    d.process.send_signal(signal.SIGKILL)
+    d.process.wait(10)
+    assert wait_for(lambda: not encoder_processes(d), timeout=10)  # the socket closed
+    # The next daemon on the prefix removes what the killed one left.
+    again = Daemon(d.prefix, encoder_processes=0).start()
+    try:
+        assert again.stop() == 0
+    finally:
+        again.cleanup()
+    assert d.segments() == []
