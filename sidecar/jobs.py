@@ -26,15 +26,9 @@ from .feed import End, FrameFeed, InlineFrames, Piece
 from .frames import PlacedRange, borrow_frames
 from .output import FileTarget, output_error
 from .plans import EncodeOutcome, EncodePlan
-from .process_main import Answer, Assignment, Region
+from .process_main import Answer, Assignment
 from .processes import EncoderProcesses, ProcessGone
-from .segments import (
-    SEGMENTABLE,
-    encode_segments,
-    frame_lookup,
-    keyframe_interval,
-    plan_segments,
-)
+from .segments import SEGMENTABLE, encode_segments, frame_lookup, keyframe_interval, plan_segments
 from .shm import Slab
 from .warm import EncoderKey, WarmPool, open_in_memory, opener_for
 
@@ -238,7 +232,10 @@ class EncodeJob:
         """An encoder process's answer; None if none is free (encode here). A process
         that dies leaves the frames in the leases: a second one gets them, and if that
         one dies too, the request fails rather than risk the daemon on them."""
-        job = assignment(self, pieces)
+        plan = self.plan
+        job = Assignment.of(
+            self.key, plan.geometry, plan.codec, self.threads, self.thread_type, pieces
+        )
         for attempt in range(2):
             proc = processes.take(self.key)
             if proc is None:
@@ -400,13 +397,3 @@ class EncodeJob:
             return EncodeFailed(f"encoder failed: {exc}")
         log.exception("encode %s failed unexpectedly", self.plan.request_id)
         return EncodeFailed(f"unexpected {type(exc).__name__}: {exc}")
-
-
-def assignment(job: EncodeJob, pieces: list[PlacedRange]) -> Assignment:
-    """What an encoder process needs for `job`: settings, and where its frames lie."""
-    regions = tuple(
-        Region(p.lease.slab_id, p.start, p.frame_count, p.row_stride, p.frame_stride)
-        for p in pieces
-    )
-    plan = job.plan
-    return Assignment(job.key, plan.geometry, plan.codec, job.threads, job.thread_type, regions)

@@ -54,6 +54,23 @@ class Assignment:
     thread_type: str
     regions: tuple[Region, ...]
 
+    @classmethod
+    def of(
+        cls,
+        key: EncoderKey,
+        geometry: Geometry,
+        codec: ResolvedCodec,
+        threads: int,
+        thread_type: str,
+        pieces: list[PlacedRange],
+    ) -> Assignment:
+        """What a process needs for an encode: settings, and where its frames lie."""
+        regions = tuple(
+            Region(p.lease.slab_id, p.start, p.frame_count, p.row_stride, p.frame_stride)
+            for p in pieces
+        )
+        return cls(key, geometry, codec, threads, thread_type, regions)
+
 
 @dataclass
 class Answer:
