@@ -179,37 +179,31 @@ class EncodeJob:
         pieces = self._feed.in_leases()
         if not pieces:
             return None
-        plan, memfd, error = self.plan, None, None
+        plan, error, died = self.plan, None, False
         try:
             answer = self._ask(processes, pieces)
-        except Exception as exc:  # e.g. two processes died on these frames: free, not give back
-            answer = Answer(error="EncodeFailed", message=str(exc), frames=-1)
+        except Exception as exc:  # e.g. two processes died on these frames: freed, not given back
+            answer, died = Answer(error="EncodeFailed", message=str(exc)), True
         if answer is None:
             return None  # the feed is untouched: encode here
         try:
             if self.stopped:
                 raise self.cancelled()
             if answer.error:
-                if not answer.frames:  # refused before a frame: the client keeps its leases
+                if not answer.frames and not died:  # refused before a frame: leases go back
                     self._feed.give_back_all()
                 if answer.error == "InvalidRequest":
                     raise InvalidRequest(answer.field, answer.message)
                 raise EncodeFailed(answer.message)
             t0 = time.perf_counter()
+            path = ""
             if plan.target is not None:
                 with open(plan.target.open_temp(), "wb") as out:
                     out.write(answer.data)
                 path = str(plan.target.commit())
-            else:
-                path, memfd = "", os.memfd_create("video-sidecar-out", os.MFD_CLOEXEC)
-                written = 0
-                while written < len(answer.data):
-                    written += os.write(memfd, answer.data[written:])
         except BaseException as exc:
             if plan.target is not None:
                 plan.target.discard()
-            if memfd is not None:
-                os.close(memfd)
             error = self.cancelled() if isinstance(exc, Cancelled) else self._classify(exc)
         finally:
             self._feed.release_all()
@@ -223,9 +217,10 @@ class EncodeJob:
             duration_s=float(answer.frames / plan.geometry.fps),
             size_bytes=len(answer.data),
             path=path,
-            memfd=memfd,
+            memfd=None,
             audio_samples=0,
             timings_ms={"queue_ms": queue_s * 1e3, **t},
+            data=None if plan.target is not None else answer.data,
         )
 
     def _ask(self, processes: EncoderProcesses, pieces: list[PlacedRange]) -> Answer | None:

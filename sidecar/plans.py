@@ -30,7 +30,8 @@ class EncodePlan:
 
 @dataclass
 class EncodeOutcome:
-    """What a finished job produced. For bytes outputs not yet sent, `memfd` holds them."""
+    """What a finished job produced. Bytes outputs not yet sent are in `memfd`, or in
+    `data` when an encoder process sent them (already in memory: no file round trip)."""
 
     frames: int
     duration_s: float
@@ -39,8 +40,14 @@ class EncodeOutcome:
     memfd: int | None
     audio_samples: int
     timings_ms: dict[str, float]
+    data: bytes | None = None
 
     def read_chunks(self, chunk_size: int) -> list[tuple[int, bytes]]:
+        if self.data is not None:
+            return [
+                (offset, self.data[offset : offset + chunk_size])
+                for offset in range(0, len(self.data), chunk_size)
+            ]
         if self.memfd is None:
             return []
         return [
