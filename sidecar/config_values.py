@@ -133,9 +133,10 @@ def default_encoder_processes() -> int:
 def config_problems(c: Any) -> list[str]:
     """What is wrong with a `Config`'s values, one phrase each (empty: nothing)."""
     problems = []
-    for name in ("warm_encoders", "encoder_processes", "encoder_threads"):
+    for name, zero in (("warm_encoders", "off"), ("encoder_processes", "off"),
+                       ("encoder_threads", "auto")):  # fmt: skip
         if getattr(c, name) < 0:
-            problems.append(f"{name} must be 0 (off, or auto for threads) or more")
+            problems.append(f"{name} must be 0 ({zero}) or more")
     if c.slabs < 1:
         problems.append("slabs must be at least 1")
     if c.slab_size < 1024 * 1024:

@@ -145,3 +145,21 @@ def test_help_shows_defaults_and_what_a_size_looks_like() -> None:
     assert "--insecure, --no-insecure" in text
     with pytest.raises(ValueError, match="16MiB, 1GiB, 65536"):
         parse_size("16X")
+
+
+@pytest.mark.parametrize(
+    ("name", "zero"),
+    [("warm_encoders", "off"), ("encoder_processes", "off"), ("encoder_threads", "auto")],
+)
+def test_counts_below_zero_name_what_zero_means(name: str, zero: str) -> None:
+    env = {Config.env_name(name): "-1"}
+    with pytest.raises(ValueError, match=rf"{name} must be 0 \({zero}\) or more"):
+        Config.load(parse([]), env)
+
+
+def test_encoder_processes_default_to_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sidecar import config_values
+
+    for cores, expected in ((2, 0), (4, 4), (16, 16), (64, 16)):
+        monkeypatch.setattr(config_values, "cpu_count", lambda cores=cores: cores)
+        assert config_values.default_encoder_processes() == expected
