@@ -199,7 +199,11 @@ class StreamCore:
         finally:
             # Whatever happened above, the requests end, so the daemon ends the stream.
             yield OnStream(self.call, "end")
-        self.raise_if_failed()
+        if self.error is not None:
+            # The call ended early (a deadline, the daemon's refusal): chunks still in
+            # flight never reached the daemon, so their leases are still ours to free.
+            yield from self.client.give_back(self.leased)
+            raise self.error
         self.clock.stop()
         self.result = self.builder.result(self.clock)
         return self.result

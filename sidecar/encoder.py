@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, BinaryIO
@@ -263,6 +265,41 @@ class FrameConverter:
         if self._needs_convert:
             self.frame(blank)
 
+    def frames(self, images: Iterable[np.ndarray], count: int) -> Generator[av.VideoFrame]:
+        """`frame()` of each of `count` images, in order. RGB input of more than a few
+        frames is converted ahead on a helper thread while the caller encodes: swscale
+        and x264 both release the GIL, so the two overlap instead of taking turns (at
+        1344x768 each costs about as much as the other)."""
+        if self._needs_convert and count >= CONVERT_AHEAD_MIN_FRAMES:
+            yield from converted_ahead(self.frame, images)
+        else:
+            for image in images:
+                yield self.frame(image)
+
+
+CONVERT_AHEAD_MIN_FRAMES = 8
+CONVERT_AHEAD_DEPTH = 3  # frames converted before the encoder asks: enough to never wait
+
+
+def converted_ahead(
+    convert: Callable[[np.ndarray], av.VideoFrame], images: Iterable[np.ndarray]
+) -> Generator[av.VideoFrame]:
+    """`convert` of each image, in order, run on one helper thread a few frames ahead.
+    The frames it yields are new buffers: an image's memory may be reused once its frame
+    has been yielded. Closing the iterator early waits for conversions under way."""
+    source = iter(images)
+    pending: deque[Future[av.VideoFrame]] = deque()
+    pool = ThreadPoolExecutor(1, thread_name_prefix="convert")
+    try:
+        for image in source:
+            pending.append(pool.submit(convert, image))
+            if len(pending) > CONVERT_AHEAD_DEPTH:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
 
 @dataclass
 class EncodeTimings:
@@ -351,8 +388,28 @@ class VideoEncoder:
         """Encode one frame; `image` is borrowed and may be reused when this returns."""
         t0 = time.perf_counter()
         frame = self._frame(image)
-        frame.pts = self.frames
+        self.timings.convert += time.perf_counter() - t0
+        self.encode_frame(frame)
+
+    def encode_all(self, images: np.ndarray, after_each: Callable[[], None] | None = None) -> None:
+        """Encode every frame of `images` (borrowed; reusable when this returns), RGB
+        converted ahead while the encoder works; `after_each` runs after every frame
+        and may raise to stop."""
+        with contextlib.closing(self._converter.frames(images, len(images))) as converted:
+            while True:
+                t0 = time.perf_counter()
+                frame = next(converted, None)
+                self.timings.convert += time.perf_counter() - t0
+                if frame is None:
+                    return
+                self.encode_frame(frame)
+                if after_each is not None:
+                    after_each()
+
+    def encode_frame(self, frame: av.VideoFrame) -> None:
+        """Encode one frame `FrameConverter` made for this encoder."""
         t1 = time.perf_counter()
+        frame.pts = self.frames
         packets = self._stream.encode(frame)
         t2 = time.perf_counter()
         self._container.mux(packets)
@@ -360,7 +417,6 @@ class VideoEncoder:
         if self.audio is not None:
             self._container.mux(self.audio.encode_until(self.duration))
         t3 = time.perf_counter()
-        self.timings.convert += t1 - t0
         self.timings.encode += t2 - t1
         self.timings.mux += t3 - t2
 

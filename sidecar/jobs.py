@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import BinaryIO
 
 import av
@@ -109,7 +109,7 @@ class EncodeJob:
         error: BaseException | None = None
         self._started = True
         self.threads, self.thread_type, self._fixed_threads = threads, thread_type, fixed
-        if self._processes is not None and self._audio is None and self.warmable:
+        if self._processes is not None and self.for_processes:
             outcome = self._run_elsewhere(self._processes, queue_s)
             if outcome is not None:
                 return outcome
@@ -180,8 +180,9 @@ class EncodeJob:
         if not pieces:
             return None
         plan, error, died = self.plan, None, False
+        progress = ProgressReporter(self._emit, plan.frames_total)
         try:
-            answer = self._ask(processes, pieces)
+            answer = self._ask(processes, pieces, progress.reach)
         except Exception as exc:  # e.g. two processes died on these frames: freed, not given back
             answer, died = Answer(error="EncodeFailed", message=str(exc)), True
         if answer is None:
@@ -209,7 +210,7 @@ class EncodeJob:
             self._feed.release_all()
         if error is not None:
             raise error.with_traceback(None)
-        ProgressReporter(self._emit, plan.frames_total).reach(answer.frames)
+        progress.reach(answer.frames)
         t = {f"{stage}_ms": seconds * 1e3 for stage, seconds in answer.timings_s.items()}
         t["finalize_ms"] += (time.perf_counter() - t0) * 1e3
         return EncodeOutcome(
@@ -223,7 +224,12 @@ class EncodeJob:
             data=None if plan.target is not None else answer.data,
         )
 
-    def _ask(self, processes: EncoderProcesses, pieces: list[PlacedRange]) -> Answer | None:
+    def _ask(
+        self,
+        processes: EncoderProcesses,
+        pieces: list[PlacedRange],
+        progress: Callable[[int], None],
+    ) -> Answer | None:
         """An encoder process's answer; None if none is free (encode here). A process
         that dies leaves the frames in the leases: a second one gets them, and if that
         one dies too, the request fails rather than risk the daemon on them."""
@@ -237,7 +243,7 @@ class EncodeJob:
                 return None
             answer = None
             try:
-                answer = proc.encode(job)
+                answer = proc.encode(job, progress, lambda: self.stopped)
                 return answer
             except ProcessGone:
                 if attempt:
@@ -262,11 +268,14 @@ class EncodeJob:
     def _encode_piece(
         self, encoder: VideoEncoder, piece: Piece, progress: ProgressReporter
     ) -> None:
-        for image in self._frames_of(piece):
+        def after_each() -> None:
+            progress.add(1)
             if self.stopped:
                 raise self.cancelled()
-            encoder.encode(image)
-            progress.add(1)
+
+        if self.stopped:
+            raise self.cancelled()
+        encoder.encode_all(self._frames_of(piece), after_each)
         # Every frame of this piece is inside the encoder: its lease can go.
         self._feed.consumed(piece)
 
@@ -279,10 +288,7 @@ class EncodeJob:
     def _consume_in_segments(self, encoder: VideoEncoder, progress: ProgressReporter) -> bool:
         """A whole video (every piece queued already) in parallel segments, when it is
         long enough and the job has the cores (see segments); False if not."""
-        plan = self.plan
-        if not plan.frames_total or plan.codec.choice.encoder not in SEGMENTABLE:
-            return False
-        segments = plan_segments(plan.frames_total, self.threads, keyframe_interval(plan.codec))
+        segments = self._segments()
         if len(segments) < 2:
             return False
         pieces, end = self._feed.drain()
@@ -316,6 +322,22 @@ class EncodeJob:
     def key(self) -> EncoderKey:
         fixed = self.threads if self._fixed_threads else 0
         return EncoderKey.of(self.plan.geometry, self.plan.codec, self.thread_type, fixed)
+
+    @property
+    def for_processes(self) -> bool:
+        """Whether an encoder process may take this job: an MP4 without audio, all of it
+        sent at once, and not a video this job cuts into segments (those are encoded
+        here, across the job's share of the cores)."""
+        plan = self.plan
+        if plan.container != "mp4" or plan.audio is not None or self._audio is not None:
+            return False
+        return plan.frames_total > 0 and len(self._segments()) < 2
+
+    def _segments(self) -> list[tuple[int, int]]:
+        plan = self.plan
+        if not plan.frames_total or plan.codec.choice.encoder not in SEGMENTABLE:
+            return [(0, plan.frames_total)]
+        return plan_segments(plan.frames_total, self.threads, keyframe_interval(plan.codec))
 
     @property
     def warmable(self) -> bool:

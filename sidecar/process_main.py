@@ -1,9 +1,10 @@
-"""An encoder process: encodes short clips from the daemon's slabs, one at a time.
+"""An encoder process: encodes videos from the daemon's slabs, one at a time.
 
 Started by `processes.EncoderProcesses` as `python -m sidecar.process_main FD SLAB...`,
 in its own session (a terminal's Ctrl-C is the daemon's to handle), with one end of a
 socket pair as FD. It maps the slabs once, then serves jobs: an `Assignment` in, an
-`Answer` out. After each answer it opens the next encoder for the same settings, so the
+`Answer` out, with `Progress` between them on a long encode and a `Stop` from the daemon
+ending it early. After each answer it opens the next encoder for the same settings, so the
 open (several milliseconds that hold this process's GIL, not the daemon's) is done
 before the next request for them arrives; it then says `Ready`.
 
@@ -19,6 +20,7 @@ import mmap
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
@@ -26,7 +28,8 @@ import av
 import numpy as np
 
 from .encoder import ResolvedCodec, VideoEncoder
-from .errors import InvalidRequest, SidecarError
+from .errors import Cancelled, InvalidRequest, SidecarError
+from .events import PROGRESS_INTERVAL
 from .frames import Geometry, PlacedRange, borrow_frames
 from .memory import limit_arenas, trim
 from .warm import EncoderKey, WarmEncoder, open_in_memory, warm_up
@@ -87,6 +90,19 @@ class Answer:
 
 
 @dataclass(frozen=True)
+class Progress:
+    """Frames encoded so far, sent every `PROGRESS_INTERVAL` during a long encode."""
+
+    frames: int
+
+
+@dataclass(frozen=True)
+class Stop:
+    """The daemon's word that the request was cancelled: end the encode, answer Cancelled.
+    One that comes after the answer went is simply dropped."""
+
+
+@dataclass(frozen=True)
 class Ready:
     """The process is free again, with a ready encoder for `key` (None: the open failed)."""
 
@@ -115,6 +131,8 @@ class Worker:
                 return  # the daemon has gone
             if job is None:
                 return
+            if isinstance(job, Stop):
+                continue  # it crossed the answer: nothing to stop
             assert isinstance(job, Assignment)
             answer = self._encode(job)
             try:
@@ -135,6 +153,7 @@ class Worker:
             else:
                 warm.encoder.timings.open = 0.0  # paid before this request arrived
             encoder = warm.encoder
+            watch = _Watch(self._conn, encoder)
             for region in job.regions:
                 placed = PlacedRange(
                     None,  # type: ignore[arg-type]  # leases stay with the daemon
@@ -143,8 +162,8 @@ class Worker:
                     region.row_stride,
                     region.frame_stride,
                 )
-                for image in borrow_frames(self._slabs[region.slab], job.geometry, placed):
-                    encoder.encode(image)
+                images = borrow_frames(self._slabs[region.slab], job.geometry, placed)
+                encoder.encode_all(images, watch)
             encoder.close()
             size = os.fstat(warm.memfd).st_size
             data = os.pread(warm.memfd, size, 0)
@@ -157,6 +176,9 @@ class Worker:
                 "finalize": t.finalize,
             }
             return Answer(data=data, frames=encoder.frames, warm=was_ready, timings_s=timings)
+        except Cancelled:
+            frames = encoder.frames if encoder is not None else 0
+            return Answer(frames=frames, error="Cancelled", message="cancelled by the client")
         except InvalidRequest as exc:
             frames = encoder.frames if encoder is not None else 0
             return Answer(
@@ -190,6 +212,26 @@ class Worker:
         if self._warm is not None:
             self._warm[1].discard()
             self._warm = None
+
+
+class _Watch:
+    """Run after every frame: reports progress now and then, and ends the encode if
+    the daemon said Stop (one poll of the socket, about a microsecond)."""
+
+    def __init__(self, conn: Connection, encoder: VideoEncoder) -> None:
+        self._conn = conn
+        self._encoder = encoder
+        self._last = time.monotonic()
+
+    def __call__(self) -> None:
+        if self._conn.poll():
+            message = self._conn.recv()
+            if isinstance(message, Stop) or message is None:
+                raise Cancelled("cancelled by the client")
+        now = time.monotonic()
+        if now - self._last >= PROGRESS_INTERVAL:
+            self._last = now
+            self._conn.send(Progress(self._encoder.frames))
 
 
 def _detail(exc: InvalidRequest) -> str:

@@ -27,11 +27,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 from .errors import EncodeFailed
-from .process_main import Answer, Assignment, Ready
+from .process_main import Answer, Assignment, Progress, Ready, Stop
 from .warm import EncoderKey
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ IDLE_EXIT_S = 30.0  # a process without work this long is stopped, beyond the fi
 KEEP = 3  # started with the daemon and kept
 MAINTAIN_S = 1.0  # how often the pool looks for idle processes to stop
 STOP_WAIT_S = 2.0
+STOP_POLL_S = 0.05  # how soon a cancelled request's process is told to stop
 
 
 class ProcessGone(EncodeFailed):
@@ -92,16 +94,31 @@ class EncoderProcess:
             return 1 if self.next_key == key else 3
         return 0 if self.ready_key == key else 2
 
-    def encode(self, job: Assignment) -> Answer:
-        """Run `job` there; EncodeFailed if the process dies meanwhile."""
+    def encode(
+        self,
+        job: Assignment,
+        progress: Callable[[int], None] = lambda frames: None,
+        stopped: Callable[[], bool] = lambda: False,
+    ) -> Answer:
+        """Run `job` there, passing on its progress; once `stopped()`, the process is
+        told to stop (it answers Cancelled). ProcessGone if it dies meanwhile."""
+        told_to_stop = False
         try:
             self.conn.send(job)
             while True:
+                if not told_to_stop and stopped():
+                    self.conn.send(Stop())
+                    told_to_stop = True
+                if not self.conn.poll(STOP_POLL_S):
+                    continue
                 message = self.conn.recv()
                 if isinstance(message, Answer):
                     self.opening, self.next_key, self.ready_key = True, job.key, None
                     return message
-                self._heard(message)
+                if isinstance(message, Progress):
+                    progress(message.frames)
+                else:
+                    self._heard(message)
         except (EOFError, OSError):
             self.broken = True
             raise ProcessGone("an encoder process stopped during the encode") from None

@@ -19,6 +19,7 @@ cores and so fewer segments, and a 2-core machine never cuts at all.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import itertools
 import threading
 import time
@@ -85,12 +86,13 @@ class SegmentCoder:
         stopped: Callable[[], bool],
     ) -> list[Any]:
         packets: list[Any] = []
-        for index in range(start, stop):
-            if stopped():
-                raise Cancelled("cancelled by the client")
-            frame = self._converter.frame(frame_at(index))
-            frame.pts = index  # the segment's place in the whole video
-            packets += self._ctx.encode(frame)
+        images = (frame_at(index) for index in range(start, stop))
+        with contextlib.closing(self._converter.frames(images, stop - start)) as frames:
+            for index, frame in enumerate(frames, start):
+                if stopped():
+                    raise Cancelled("cancelled by the client")
+                frame.pts = index  # the segment's place in the whole video
+                packets += self._ctx.encode(frame)
         packets += self._ctx.encode(None)
         return packets
 

@@ -14,7 +14,7 @@ from typing import cast
 import numpy as np
 import pytest
 
-from client import ServerError
+from client import DeadlineExceeded, ServerError
 from client.patterns import moving_pattern
 from sidecar import processes
 from sidecar.processes import EncoderProcesses
@@ -214,3 +214,59 @@ def test_processes_exit_when_the_daemon_is_killed(make_daemon) -> None:  # type:
     finally:
         again.cleanup()
     assert d.segments() == []
+
+
+def noise_clip(frames: int, height: int, width: int) -> np.ndarray:
+    """Grain x264 cannot predict: slow enough at a slow preset to watch mid-way."""
+    rng = np.random.default_rng(7)
+    return rng.integers(0, 256, (frames, height, width, 3), dtype=np.uint8)
+
+
+def test_long_videos_go_to_processes_with_progress(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    """A video of many frames is encoded in a process too, converted ahead there, and
+    its progress reaches the client while it runs; the bytes are the daemon's own."""
+    clip = noise_clip(48, 144, 256)
+    inside = make_daemon(encoder_processes=0)
+    with inside.client() as c:
+        expected = c.encode(clip, preset="medium").data
+    d = make_daemon(encoder_processes=1)
+    encode_until_in_processes(d, moving_pattern(4, 64, 96))
+    seen: list[tuple[int, int]] = []
+    with d.client() as c:
+        before = c.status().counters["process_encodes"]
+        result = c.encode(clip, preset="medium", on_progress=lambda *p: seen.append(p))
+        assert c.status().counters["process_encodes"] == before + 1
+    assert result.data == expected
+    assert seen and seen[-1] == (48, 48)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_cancelled_long_encode_stops_its_process(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    """A client that gives up mid-encode: the process is told, stops within a frame or
+    two, answers, and serves the next request; every lease comes back."""
+    d = make_daemon(encoder_processes=1)
+    small = moving_pattern(4, 64, 96)
+    encode_until_in_processes(d, small)
+    (pid,) = encoder_processes(d)
+    clip = noise_clip(90, 240, 424)  # in half the pool; seconds at "veryslow", frames quick
+    with d.client() as c:
+        before = c.status().counters["process_encodes"]
+        cpu_before = cpu_seconds(pid)
+        with pytest.raises(DeadlineExceeded):
+            c.encode(clip, preset="veryslow", timeout=1.0)
+        assert wait_for(lambda: c.status().active_encodes == 0, timeout=5)
+        assert cpu_seconds(pid) - cpu_before > 0.5  # the process did the work
+        time.sleep(0.5)  # its last frame, if any, ends
+        stopped_at = cpu_seconds(pid)
+        time.sleep(1.0)
+        assert cpu_seconds(pid) - stopped_at < 0.2  # and has stopped
+        assert c.encode(small).frames == 4  # by the same process, still there
+        status = c.status()
+    assert encoder_processes(d) == [pid]
+    assert status.counters["process_encodes"] == before + 2  # the cancelled one, and this
+    assert status.pool["active_leases"] <= 1  # the client's spare
+    assert "Traceback" not in d.log()

@@ -14,7 +14,7 @@ import av
 import numpy as np
 import pytest
 
-from client import InvalidArgument, OutOfRange, Reason
+from client import DeadlineExceeded, InvalidArgument, OutOfRange, Reason, ResourceExhausted
 from client.patterns import moving_pattern
 
 from .helpers import Daemon, decode, psnr
@@ -75,6 +75,20 @@ def test_large_video_is_streamed_by_encode(make_daemon, connect) -> None:
     frames, _ = decode(result.data or b"")
     assert frames.shape == big.shape and psnr(frames, big) >= 40
     assert result.timings.transfer_ms >= result.timings.copy_ms > 0
+
+
+def test_a_deadline_mid_stream_leaves_no_lease(make_daemon, connect) -> None:
+    """Encode streams a video larger than the pool, and its deadline passes while chunks
+    are still on their way: the daemon frees the leases it received, and the client the
+    ones it sent that never arrived."""
+    d = make_daemon()  # 64 MiB: the last chunks fit once the encoder frees the first
+    grain = np.random.default_rng(3).integers(0, 256, (240, 360, 640, 3), dtype=np.uint8)
+    with connect(d) as c:
+        # The deadline, or first the wait for a lease the slow encoder has not freed.
+        with pytest.raises((DeadlineExceeded, ResourceExhausted)):
+            c.encode(grain, preset="veryslow", timeout=1.0)
+        status = c.status()
+    assert status.pool["active_leases"] == 0, status.pool
 
 
 def test_fragmented_mp4_arrives_before_the_last_chunk(client: Any, video: np.ndarray) -> None:
