@@ -27,6 +27,9 @@ RESULTS = ROOT / "bench" / "results"
 # The upstream ablation shapes, W x H x frames.
 SHAPES = ["448x256x4", "672x384x4", "1344x768x1", "448x256x16", "1344x768x122", "1344x768x362"]
 
+# Concurrent traffic is measured after this long: encoder processes grow to the traffic.
+CONCURRENT_WARMUP_S = 3.0
+
 
 # Frame content: smooth moving colour waves, optionally with per-pixel grain (in 8-bit levels)
 # that makes x264 work harder, as real generated frames do.

@@ -7,8 +7,10 @@ video back to back `requests` times. Frames start on that worker's GPU (`cuda:i`
 (converted on the GPU with --device cuda), first with one worker, then with all of them,
 so the ratio shows how far the one daemon scales with the node's GPUs.
 
-Each phase: every thread sends one warm-up request, all wait at a barrier shared by all
-processes, send their requests, and wait again before the next phase, so no warm-up
+Each phase: every thread sends warm-up requests for `CONCURRENT_WARMUP_S` (as the e2e
+suite's concurrent lanes do: the daemon's encoder processes grow to the traffic, as they
+would under a server's steady load), all wait at a barrier shared by all processes, send
+their requests, and wait again before the next phase, so no warm-up
 overlaps a timed request. Aggregate frames/s = all frames sent / (last thread's end -
 first thread's start), from CLOCK_MONOTONIC, which all processes of a host share.
 
@@ -32,7 +34,15 @@ from dataclasses import dataclass
 from multiprocessing.context import SpawnContext, SpawnProcess
 from typing import Any, cast
 
-from .common import Device, Row, encode_settings, parse_shape, run_together, summarise
+from .common import (
+    CONCURRENT_WARMUP_S,
+    Device,
+    Row,
+    encode_settings,
+    parse_shape,
+    run_together,
+    summarise,
+)
 
 FORMATS = ("rgb24", "yuv420p")
 LAUNCH_TIMEOUT_S = 900.0  # one launch of the workers, both phases; then they are stopped
@@ -83,7 +93,11 @@ def _work(job: Job, go: Any) -> Timings:
         with SidecarClient(job.socket, client_name=f"bench-node-{job.index}-{k}") as c:
             for fmt in FORMATS:
                 pixel_format = None if fmt == "rgb24" else fmt
-                c.encode(video, fps=fps, pixel_format=pixel_format, **job.options)  # warm up
+                warm_until = time.perf_counter() + CONCURRENT_WARMUP_S
+                while True:  # warm up: the daemon reaches its steady state (processes)
+                    c.encode(video, fps=fps, pixel_format=pixel_format, **job.options)
+                    if time.perf_counter() >= warm_until:
+                        break
                 go.wait(BARRIER_TIMEOUT_S)
                 times = []
                 start = time.perf_counter()

@@ -22,11 +22,20 @@ from sidecar.config_values import ENV_PREFIX, default_encoder_processes
 from sidecar.launcher import DaemonProcess
 from sidecar.processes import KEEP
 
-from .common import PATTERNS, SHAPES, Device, Row, parse_shape, run_together, summarise, timed
+from .common import (
+    CONCURRENT_WARMUP_S,
+    PATTERNS,
+    SHAPES,
+    Device,
+    Row,
+    parse_shape,
+    run_together,
+    summarise,
+    timed,
+)
 from .variants import FfmpegPipe, Sidecar, SidecarYuv, UpstreamA, UpstreamD, Variant, pyav_encode
 
 MiB = 1024 * 1024
-CONCURRENT_WARMUP_S = 3.0
 ENV_PROCESSES = ENV_PREFIX + "ENCODER_PROCESSES"
 
 

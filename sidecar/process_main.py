@@ -144,7 +144,7 @@ class Worker:
                 return  # the daemon has gone
 
     def _encode(self, job: Assignment) -> Answer:
-        warm = self._take_warm(job.key)
+        warm = self._take_warm(job)
         was_ready = warm is not None
         encoder: VideoEncoder | None = None
         try:
@@ -192,11 +192,16 @@ class Worker:
                 warm.discard()
                 self._used.append(warm)
 
-    def _take_warm(self, key: EncoderKey) -> WarmEncoder | None:
-        if self._warm is not None and self._warm[0] == key:
+    def _take_warm(self, job: Assignment) -> WarmEncoder | None:
+        """The ready encoder, if it suits `job`. A long video's frame threads must be the
+        job's share of the cores: one opened with all of them for a request that ran
+        alone would crowd seven others out. (A clip of a few frames takes it anyway: its
+        threads are busy for a few milliseconds, and the open would cost more.)"""
+        if self._warm is not None and self._warm[0] == job.key:
             warm = self._warm[1]
-            self._warm = None
-            return warm
+            if job.thread_type != "FRAME" or warm.threads == job.threads:
+                self._warm = None
+                return warm
         self._discard_warm()
         return None
 

@@ -1,20 +1,23 @@
-"""Encoder processes: short clips encoded outside the daemon's GIL.
+"""Encoder processes: videos encoded outside the daemon's GIL.
 
 Opening libx264 takes 3-5 ms and PyAV holds the GIL through it, so in one process a
 ready encoder opened for the next request stalls the request being encoded, and eight
-clients' opens and per-frame calls queue behind one lock. Short clips (what the warm
-pool takes: MP4, no audio, every frame in a lease) therefore go to a pool of encoder
-processes (`process_main`), each with its own GIL and its own ready encoder. A process
-answers, then opens its next encoder while another takes the next request: back-to-back
-requests alternate between processes and never wait for an open.
+clients' opens and per-frame calls queue behind one lock; eight long videos' per-frame
+calls do too. So every MP4 without audio whose frames are all in leases, and which is not
+cut into segments (see segments), goes to a pool of encoder processes (`process_main`),
+each with its own GIL and its own ready encoder. A process answers, then opens its next
+encoder while another takes the next request: back-to-back requests alternate between
+processes and never wait for an open. A long encode reports progress over the pipe, and
+a request cancelled meanwhile tells its process to stop.
 
 Three processes start with the daemon and stay: a clip of a few small frames encodes
 faster than an encoder opens, so with two, back-to-back requests would wait for the other
-one's open. More start on demand, in the background (about 0.3 s; requests meanwhile go
-to a process still opening, or encode in the daemon), up to `limit`; those stop after
-`IDLE_EXIT_S` without work, and the three close their encoders after a minute idle, so an
-idle daemon gives the memory back. A process that dies costs no request: its frames are
-still in the leases and another process takes them (a second death fails the request).
+one's open. More start on demand, in the background, one for every request that found
+all of them busy (about 0.3 s each; requests meanwhile encode in the daemon), up to
+`limit`; those stop after `IDLE_EXIT_S` without work, and the three close their encoders
+after a minute idle, so an idle daemon gives the memory back. A process that dies costs no
+request: its frames are still in the leases and another process takes them (a second
+death fails the request).
 """
 
 from __future__ import annotations
@@ -196,9 +199,11 @@ class EncoderProcesses:
             best = min(usable, key=lambda p: p.rank(key), default=None)
             if best is None:
                 # Every process is busy: the traffic runs more at once than there are.
+                # Each request that finds them so asks for one more, so a burst of eight
+                # starts the processes it needs at once, not one per wave of requests.
                 # (A new setting, or a process still opening, is no reason: starting one
                 # costs more CPU than the open it would save.)
-                self._wanted = min(self.limit, len(self._procs) + 1)
+                self._wanted = min(self.limit, max(self._wanted, len(self._procs)) + 1)
                 self._wake.set()
             if best is not None:
                 best.busy = True
