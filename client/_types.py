@@ -69,7 +69,7 @@ class Timings:
     copy_ms: float = 0.0  # writing frames into the leases (converting on the way)
     queue_ms: float = 0.0  # waiting for an encoder slot in the daemon
     validate_ms: float = 0.0  # the daemon checking the request against its leases
-    open_ms: float = 0.0  # opening the encoder and the container
+    open_ms: float = 0.0  # opening the encoder, or waiting for one opened ahead of time
     convert_ms: float = 0.0  # colour conversion to the codec's pixel format
     encode_ms: float = 0.0  # the encoder itself
     mux_ms: float = 0.0  # writing packets into the container

@@ -13,6 +13,7 @@ The client never imports torch itself: a tensor is recognised by its type's modu
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import warnings
@@ -87,7 +88,7 @@ def frame_shape(pixel_format: str, width: int, height: int) -> tuple[int, ...]:
 
 
 def frame_bytes(pixel_format: str, width: int, height: int) -> int:
-    return int(np.prod(frame_shape(pixel_format, width, height)))
+    return math.prod(frame_shape(pixel_format, width, height))
 
 
 @dataclass

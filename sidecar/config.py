@@ -123,7 +123,7 @@ class Config:
     encoder_processes: int = field(
         default_factory=default_encoder_processes,
         metadata=_opt(
-            "processes that encode short clips beside the daemon, started as needed; 0: off",
+            "processes that encode videos beside the daemon, started as needed; 0: off",
             parse_int,
             "N",
             shown=f"the cores, at most 16; 0 under 4 cores: {default_encoder_processes()} here",

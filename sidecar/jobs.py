@@ -357,12 +357,15 @@ class EncodeJob:
             assert self._warm is not None
             self._checked_out = self.key
             opener = opener_for(self._checked_out, plan.codec, plan.frames_total)
+            t0 = time.perf_counter()
             warm = self._warm.checkout(self._checked_out, opener)
             if warm is None:
                 warm = open_in_memory(plan.geometry, plan.codec, self.threads, self.thread_type)
             else:
-                warm.encoder.timings.open = 0.0  # paid before this request arrived
                 self.threads = warm.threads
+            # What this request spent getting its encoder: nothing if one was ready, the
+            # wait if one was still opening, its own open otherwise.
+            warm.encoder.timings.open = time.perf_counter() - t0
             return warm.encoder, warm.memfd
         sink: str | BinaryIO
         memfd = None

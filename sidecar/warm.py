@@ -9,8 +9,8 @@ sends back to back, as its encode ends (the open then holds the GIL against the 
 the client's own time, not the frames); when requests are spaced out, once the request is
 answered. A request that finds its encoder still opening waits for it rather than open
 its own. The pool keeps as many ready per setting as that setting has had requests in
-flight at once recently, so 8 concurrent clients find 8. (With encoder processes, see
-processes, short clips skip this pool: each process keeps its own.)
+flight at once recently, so 8 concurrent clients find 8. (Encodes that go to encoder
+processes, see processes, skip this pool: each process keeps its own.)
 
 The thread count is not part of the key: a ready encoder is opened with a share of the
 cores for the concurrency its setting sees, and a request that takes it uses it as is.

@@ -24,6 +24,28 @@ def test_back_to_back_requests_find_a_ready_encoder(make_daemon) -> None:  # typ
     assert counters["warm_hits"] >= 8, counters
 
 
+def test_open_ms_is_what_the_request_spent_getting_its_encoder(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    """A ready encoder costs the request nothing, and its own open is reported as
+    `open_ms`; a wait for one still opening is counted there too (jobs.EncodeJob._open),
+    so the stages never add up to more than the daemon's own time."""
+    clip = moving_pattern(1, 768, 1344)
+    ready = make_daemon(warm_encoders=2, encoder_processes=0)
+    cold = make_daemon(warm_encoders=0, encoder_processes=0)
+    with ready.client() as c:
+        spaced = []
+        for _ in range(4):
+            time.sleep(0.3)  # time enough for the next one to open
+            spaced.append(c.encode(clip).timings.open_ms)
+        back_to_back = [c.encode(clip).timings for _ in range(10)]
+    with cold.client() as c:
+        own = [c.encode(clip).timings.open_ms for _ in range(3)]
+    assert min(spaced[1:]) < 0.5, spaced
+    assert min(own) > 0.5, own  # x264 and the container, opened in the request
+    for t in back_to_back:  # stages and waits, all inside the daemon's own time
+        stages = t.open_ms + t.convert_ms + t.encode_ms + t.mux_ms + t.finalize_ms
+        assert stages <= t.daemon_ms + 0.01, t
+
+
 def test_concurrent_clients_each_find_one(make_daemon) -> None:  # type: ignore[no-untyped-def]
     d = make_daemon(warm_encoders=8, max_concurrent_encodes=4)
     clip = moving_pattern(4, 128, 96)
