@@ -164,19 +164,12 @@ def threading_for(frames: int, height: int, cores: int) -> tuple[int, str]:
 
     Frame threads need frames to work on: a short clip gets slice threads instead (each
     frame split across cores, at least three macroblock rows a slice), a long one frame
-    threads, `FRAME_THREADS_PER_CORE` a core, never more than it has frames.
+    threads, never more than it has frames.
     """
     if frames <= SHORT_CLIP_FRAMES:
         rows = (height + 15) // 16
         return max(1, min(cores, rows // 3)), "SLICE"
-    return max(1, min(cores * FRAME_THREADS_PER_CORE, frames)), "FRAME"
-
-
-# A frame thread waits for the rows of the frames it references, so one a core leaves
-# cores idle (x264's own automatic count is 1.5 a core). Measured on 2 cores, 1344x768x60
-# 4:2:0, one encode: 2, 3, 4, 6 and 8 threads took 574-598, 530, 465-483, 489 and 528 ms,
-# with the same output size.
-FRAME_THREADS_PER_CORE = 2
+    return max(1, min(cores, frames)), "FRAME"
 
 
 def container_options(

@@ -36,17 +36,15 @@ from .errors import Cancelled
 
 MIN_SEGMENT_FRAMES = 60
 DEFAULT_KEYINT = 250  # x264's and x265's keyint when nothing sets it
-THREADS_PER_SEGMENT = 8  # frame threads per segment encoder (4 cores' worth, see
-# encoder.FRAME_THREADS_PER_CORE); x264 scales well to this
+THREADS_PER_SEGMENT = 4  # frame threads per segment encoder; x264 scales well to this
 MAX_SEGMENTS = 8
 SEGMENTABLE = ("libx264", "libx265")
 
 
-def plan_segments(frames: int, threads: int, keyint: int) -> list[tuple[int, int]]:
-    """[start, stop) frame ranges: one (no cut) unless the video and the job's frame
-    threads allow more. Cuts fall on multiples of `keyint` only, where the encoder starts
-    a GOP anyway."""
-    count = min(threads // THREADS_PER_SEGMENT, frames // MIN_SEGMENT_FRAMES, MAX_SEGMENTS)
+def plan_segments(frames: int, cores: int, keyint: int) -> list[tuple[int, int]]:
+    """[start, stop) frame ranges: one (no cut) unless the video and the cores allow more.
+    Cuts fall on multiples of `keyint` only, where the encoder starts a GOP anyway."""
+    count = min(cores // THREADS_PER_SEGMENT, frames // MIN_SEGMENT_FRAMES, MAX_SEGMENTS)
     if count < 2:
         return [(0, frames)]
     cuts = {round(frames * k / count / keyint) * keyint for k in range(1, count)}

@@ -18,14 +18,13 @@ from .helpers import decode, psnr
 def test_plan_follows_frames_cores_and_keyframes() -> None:
     # Cuts only where a single pass starts a GOP anyway: with the default interval of 250,
     # a 362-frame video once, a 122-frame one never.
-    # Frame threads are two a core: 32 is a job with 16 cores to itself.
-    assert plan_segments(362, 32, 250) == [(0, 250), (250, 362)]
-    assert plan_segments(122, 32, 250) == [(0, 122)]
-    assert plan_segments(362, 4, 250) == [(0, 362)]  # a 2-core share never cuts
-    assert plan_segments(100, 32, 10) == [(0, 100)]  # too short for two segments
-    cut = plan_segments(362, 32, 48)  # a short GOP cuts freely, on whole GOPs
+    assert plan_segments(362, 16, 250) == [(0, 250), (250, 362)]
+    assert plan_segments(122, 16, 250) == [(0, 122)]
+    assert plan_segments(362, 2, 250) == [(0, 362)]  # a 2-core share never cuts
+    assert plan_segments(100, 16, 10) == [(0, 100)]  # too short for two segments
+    cut = plan_segments(362, 16, 48)  # a short GOP cuts freely, on whole GOPs
     assert len(cut) == 4 and all(start % 48 == 0 for start, _ in cut) and cut[-1][1] == 362
-    assert len(plan_segments(10_000, 512, 250)) == 8
+    assert len(plan_segments(10_000, 256, 250)) == 8
 
 
 def test_keyframe_interval_comes_from_the_settings() -> None:
