@@ -164,7 +164,9 @@ def threading_for(frames: int, height: int, cores: int) -> tuple[int, str]:
 
     Frame threads need frames to work on: a short clip gets slice threads instead (each
     frame split across cores, at least three macroblock rows a slice), a long one frame
-    threads, never more than it has frames.
+    threads, never more than it has frames. One frame thread a core: two were faster on a
+    2-core machine but 30-45% slower on 16 cores at 1344x768x122
+    (bench/results/2026-11-30-h200-frame-threads-ab.json).
     """
     if frames <= SHORT_CLIP_FRAMES:
         rows = (height + 15) // 16
