@@ -199,8 +199,11 @@ class EncodeJob:
             t0 = time.perf_counter()
             path = ""
             if plan.target is not None:
-                with open(plan.target.open_temp(), "wb") as out:
-                    out.write(answer.data)
+                if answer.memfd is not None:
+                    self._write(answer.memfd, plan.target)
+                else:
+                    with open(plan.target.open_temp(), "wb") as out:
+                        out.write(answer.data)
                 path = str(plan.target.commit())
         except BaseException as exc:
             if plan.target is not None:
@@ -208,6 +211,9 @@ class EncodeJob:
             error = self.cancelled() if isinstance(exc, Cancelled) else self._classify(exc)
         finally:
             self._feed.release_all()
+            if answer.memfd is not None and (error is not None or plan.target is not None):
+                os.close(answer.memfd)  # written out, or not wanted: the bytes go
+                answer.memfd = None
         if error is not None:
             raise error.with_traceback(None)
         progress.reach(answer.frames)
@@ -216,12 +222,12 @@ class EncodeJob:
         return EncodeOutcome(
             frames=answer.frames,
             duration_s=float(answer.frames / plan.geometry.fps),
-            size_bytes=len(answer.data),
+            size_bytes=answer.size,
             path=path,
-            memfd=None,
+            memfd=answer.memfd,  # a large output to send back, from the process's memfd
             audio_samples=0,
             timings_ms={"queue_ms": queue_s * 1e3, **t},
-            data=None if plan.target is not None else answer.data,
+            data=None if plan.target is not None or answer.memfd is not None else answer.data,
         )
 
     def _ask(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .audio import AudioFormat
@@ -42,18 +43,15 @@ class EncodeOutcome:
     timings_ms: dict[str, float]
     data: bytes | None = None
 
-    def read_chunks(self, chunk_size: int) -> list[tuple[int, bytes]]:
+    def read_chunks(self, chunk_size: int) -> Iterator[tuple[int, bytes]]:
+        """(offset, bytes) pieces of a bytes output, read as they are sent: a long
+        video's output is never all in the daemon's memory at once."""
         if self.data is not None:
-            return [
-                (offset, self.data[offset : offset + chunk_size])
-                for offset in range(0, len(self.data), chunk_size)
-            ]
-        if self.memfd is None:
-            return []
-        return [
-            (offset, os.pread(self.memfd, chunk_size, offset))
-            for offset in range(0, self.size_bytes, chunk_size)
-        ]
+            for offset in range(0, len(self.data), chunk_size):
+                yield offset, self.data[offset : offset + chunk_size]
+        elif self.memfd is not None:
+            for offset in range(0, self.size_bytes, chunk_size):
+                yield offset, os.pread(self.memfd, chunk_size, offset)
 
     def close(self) -> None:
         if self.memfd is not None:

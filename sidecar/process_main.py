@@ -23,6 +23,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import send_handle
 
 import av
 import numpy as np
@@ -35,6 +36,7 @@ from .memory import limit_arenas, trim
 from .warm import EncoderKey, WarmEncoder, open_in_memory, warm_up
 
 IDLE_CLOSE_S = 60.0  # a ready encoder unused this long is closed, and memory returned
+INLINE_ANSWER_BYTES = 4 * 1024 * 1024  # larger outputs are handed over as a descriptor
 
 
 @dataclass(frozen=True)
@@ -78,9 +80,15 @@ class Assignment:
 @dataclass
 class Answer:
     """What an assignment produced: the MP4's bytes, or why not (`error` is a class name
-    from `errors`, `field` and `message` its arguments)."""
+    from `errors`, `field` and `message` its arguments). An output larger than
+    `INLINE_ANSWER_BYTES` does not travel as bytes: `in_file` says that the memfd holding
+    it follows the answer over the socket (the daemon keeps it as `memfd`), so a long
+    video's output is never copied, and never held twice in memory."""
 
     data: bytes = b""
+    in_file: bool = False
+    size: int = 0
+    memfd: int | None = None  # set by the daemon once it has received the descriptor
     frames: int = 0
     warm: bool = False  # the encoder was ready before the assignment came
     timings_s: dict[str, float] = field(default_factory=dict)
@@ -115,6 +123,7 @@ class Worker:
         self._slabs = [_map(path) for path in slab_paths]
         self._warm: tuple[EncoderKey, WarmEncoder] | None = None
         self._used: list[WarmEncoder] = []  # freed once the answer is sent
+        self._outgoing: int | None = None  # a large answer's memfd, sent after it
 
     def serve(self) -> None:
         while True:
@@ -137,6 +146,10 @@ class Worker:
             answer = self._encode(job)
             try:
                 self._conn.send(answer)
+                if self._outgoing is not None:
+                    send_handle(self._conn, self._outgoing, os.getppid())
+                    os.close(self._outgoing)
+                    self._outgoing = None
                 # Only now let the used encoder go: closing x264 joins its threads.
                 self._used.clear()
                 self._conn.send(Ready(self._refill(job)))
@@ -166,7 +179,10 @@ class Worker:
                 encoder.encode_all(images, watch)
             encoder.close()
             size = os.fstat(warm.memfd).st_size
-            data = os.pread(warm.memfd, size, 0)
+            in_file = size > INLINE_ANSWER_BYTES
+            if in_file:
+                self._outgoing = os.dup(warm.memfd)  # sent after the answer
+            data = b"" if in_file else os.pread(warm.memfd, size, 0)
             t = encoder.timings
             timings = {
                 "open": t.open,
@@ -175,7 +191,14 @@ class Worker:
                 "mux": t.mux,
                 "finalize": t.finalize,
             }
-            return Answer(data=data, frames=encoder.frames, warm=was_ready, timings_s=timings)
+            return Answer(
+                data=data,
+                in_file=in_file,
+                size=size,
+                frames=encoder.frames,
+                warm=was_ready,
+                timings_s=timings,
+            )
         except Cancelled:
             frames = encoder.frames if encoder is not None else 0
             return Answer(frames=frames, error="Cancelled", message="cancelled by the client")

@@ -32,6 +32,7 @@ import threading
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import recv_handle
 from pathlib import Path
 
 from .errors import EncodeFailed
@@ -116,13 +117,15 @@ class EncoderProcess:
                     continue
                 message = self.conn.recv()
                 if isinstance(message, Answer):
+                    if message.in_file:
+                        message.memfd = recv_handle(self.conn)
                     self.opening, self.next_key, self.ready_key = True, job.key, None
                     return message
                 if isinstance(message, Progress):
                     progress(message.frames)
                 else:
                     self._heard(message)
-        except (EOFError, OSError):
+        except (EOFError, OSError, RuntimeError):  # RuntimeError: no descriptor came
             self.broken = True
             raise ProcessGone("an encoder process stopped during the encode") from None
 

@@ -270,3 +270,25 @@ def test_a_cancelled_long_encode_stops_its_process(make_daemon) -> None:  # type
     assert status.counters["process_encodes"] == before + 2  # the cancelled one, and this
     assert status.pool["active_leases"] <= 1  # the client's spare
     assert "Traceback" not in d.log()
+
+
+def test_a_large_output_comes_back_as_a_descriptor(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    """An output over INLINE_ANSWER_BYTES is handed over as the process's memfd, not as
+    bytes: the same file either way, as bytes or on disk, and no descriptor left open."""
+    from sidecar.process_main import INLINE_ANSWER_BYTES
+
+    clip = noise_clip(30, 360, 640)  # lossless grain: some 10 MB of output
+    inside = make_daemon(encoder_processes=0)
+    with inside.client() as c:
+        expected = c.encode(clip, crf=0).data or b""
+    assert len(expected) > INLINE_ANSWER_BYTES
+    d = make_daemon(encoder_processes=1)
+    encode_until_in_processes(d, moving_pattern(4, 64, 96))
+    fds = len(os.listdir(f"/proc/{d.process.pid}/fd"))
+    with d.client() as c:
+        before = c.status().counters["process_encodes"]
+        assert c.encode(clip, crf=0).data == expected
+        result = c.encode(clip, crf=0, path="big.mp4")
+        assert c.status().counters["process_encodes"] == before + 2
+    assert Path(result.path).read_bytes() == expected
+    assert len(os.listdir(f"/proc/{d.process.pid}/fd")) <= fds
