@@ -16,6 +16,7 @@ read fails and the process exits.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import mmap
 import os
 import signal
@@ -183,14 +184,7 @@ class Worker:
             if in_file:
                 self._outgoing = os.dup(warm.memfd)  # sent after the answer
             data = b"" if in_file else os.pread(warm.memfd, size, 0)
-            t = encoder.timings
-            timings = {
-                "open": t.open,
-                "convert": t.convert,
-                "encode": t.encode,
-                "mux": t.mux,
-                "finalize": t.finalize,
-            }
+            timings = dataclasses.asdict(encoder.timings)
             return Answer(
                 data=data,
                 in_file=in_file,

@@ -118,16 +118,23 @@ class EncoderProcess:
                 message = self.conn.recv()
                 if isinstance(message, Answer):
                     if message.in_file:
-                        message.memfd = recv_handle(self.conn)
+                        message.memfd = self._descriptor()
                     self.opening, self.next_key, self.ready_key = True, job.key, None
                     return message
                 if isinstance(message, Progress):
                     progress(message.frames)
                 else:
                     self._heard(message)
-        except (EOFError, OSError, RuntimeError):  # RuntimeError: no descriptor came
+        except (EOFError, OSError):
             self.broken = True
             raise ProcessGone("an encoder process stopped during the encode") from None
+
+    def _descriptor(self) -> int:
+        """The memfd a large answer's bytes are in, sent right after it."""
+        try:
+            return int(recv_handle(self.conn))
+        except RuntimeError:  # something else came: the process is not to be trusted
+            raise EOFError("no descriptor after a large answer") from None
 
     def _heard(self, message: object) -> None:
         if isinstance(message, Ready):

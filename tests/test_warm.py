@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from fractions import Fraction
 from typing import cast
 
@@ -98,6 +99,16 @@ def settle(pool: WarmPool, opened: list[FakeWarm], count: int) -> None:
     time.sleep(0.05)  # the pool files each one right after its opener returns
 
 
+def recording_opener(opened: list[FakeWarm]) -> Callable[[int], WarmEncoder]:
+    """An opener that records each encoder it opens, with a share of 16 threads."""
+
+    def opener(concurrency: int) -> WarmEncoder:
+        opened.append(FakeWarm(16 // concurrency))
+        return cast(WarmEncoder, opened[-1])
+
+    return opener
+
+
 def test_ready_encoders_follow_concurrency_within_capacity() -> None:
     pool = WarmPool(capacity=3)
     pool.start()
@@ -140,10 +151,7 @@ def test_spaced_traffic_opens_after_the_answer() -> None:
     pool = WarmPool(capacity=2)
     pool.start()
     opened: list[FakeWarm] = []
-
-    def opener(concurrency: int) -> WarmEncoder:
-        opened.append(FakeWarm(16 // concurrency))
-        return cast(WarmEncoder, opened[-1])
+    opener = recording_opener(opened)
 
     a = key(64)
     try:
@@ -170,10 +178,7 @@ def test_a_new_setting_takes_the_room_of_the_oldest() -> None:
     pool = WarmPool(capacity=2)
     pool.start()
     opened: list[FakeWarm] = []
-
-    def opener(concurrency: int) -> WarmEncoder:
-        opened.append(FakeWarm(16 // concurrency))
-        return cast(WarmEncoder, opened[-1])
+    opener = recording_opener(opened)
 
     try:
         for width in (64, 96):  # two settings fill the pool
