@@ -243,8 +243,10 @@ class EncodeJob:
         job = Assignment.of(
             self.key, plan.geometry, plan.codec, self.threads, self.thread_type, pieces
         )
+        # A short clip's encode takes about as long as an open: have the next one ready.
+        prepare = job.preparation() if self.thread_type == "SLICE" else None
         for attempt in range(2):
-            proc = processes.take(self.key)
+            proc = processes.take(self.key, prepare)
             if proc is None:
                 return None
             answer = None

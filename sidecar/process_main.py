@@ -6,7 +6,9 @@ socket pair as FD. It maps the slabs once, then serves jobs: an `Assignment` in,
 `Answer` out, with `Progress` between them on a long encode and a `Stop` from the daemon
 ending it early. After each answer it opens the next encoder for the same settings, so the
 open (several milliseconds that hold this process's GIL, not the daemon's) is done
-before the next request for them arrives; it then says `Ready`.
+before the next request for them arrives; it then says `Ready`. A `Prepare` asks it to
+open one for given settings while it has no work (another process has just taken the
+only ready one); it too is answered with `Ready`.
 
 It never touches leases, sockets or files: the daemon checks every request, owns the
 leases, and writes the bytes this process returns. When the daemon goes away, the next
@@ -52,6 +54,17 @@ class Region:
 
 
 @dataclass(frozen=True)
+class Prepare:
+    """Open a ready encoder for these settings now; answered with `Ready`."""
+
+    key: EncoderKey
+    geometry: Geometry
+    codec: ResolvedCodec
+    threads: int
+    thread_type: str
+
+
+@dataclass(frozen=True)
 class Assignment:
     key: EncoderKey
     geometry: Geometry
@@ -59,6 +72,10 @@ class Assignment:
     threads: int
     thread_type: str
     regions: tuple[Region, ...]
+
+    def preparation(self) -> Prepare:
+        """What another process needs to get an encoder ready for the next such job."""
+        return Prepare(self.key, self.geometry, self.codec, self.threads, self.thread_type)
 
     @classmethod
     def of(
@@ -93,6 +110,7 @@ class Answer:
     frames: int = 0
     warm: bool = False  # the encoder was ready before the assignment came
     timings_s: dict[str, float] = field(default_factory=dict)
+    received_at: float = 0.0  # when the assignment was read (time.perf_counter)
     error: str = ""
     field: str = ""
     message: str = ""
@@ -143,8 +161,16 @@ class Worker:
                 return
             if isinstance(job, Stop):
                 continue  # it crossed the answer: nothing to stop
+            if isinstance(job, Prepare):
+                try:
+                    self._conn.send(Ready(self._prepare(job)))
+                except OSError:
+                    return
+                continue
             assert isinstance(job, Assignment)
+            received_at = time.perf_counter()
             answer = self._encode(job)
+            answer.received_at = received_at
             try:
                 self._conn.send(answer)
                 if self._outgoing is not None:
@@ -153,7 +179,7 @@ class Worker:
                     self._outgoing = None
                 # Only now let the used encoder go: closing x264 joins its threads.
                 self._used.clear()
-                self._conn.send(Ready(self._refill(job)))
+                self._conn.send(Ready(self._refill(job.preparation())))
             except OSError:
                 return  # the daemon has gone
 
@@ -214,15 +240,26 @@ class Worker:
         job's share of the cores: one opened with all of them for a request that ran
         alone would crowd seven others out. (A clip of a few frames takes it anyway: its
         threads are busy for a few milliseconds, and the open would cost more.)"""
-        if self._warm is not None and self._warm[0] == job.key:
-            warm = self._warm[1]
-            if job.thread_type != "FRAME" or warm.threads == job.threads:
-                self._warm = None
-                return warm
+        if self._suits(job):
+            assert self._warm is not None
+            warm, self._warm = self._warm[1], None
+            return warm
         self._discard_warm()
         return None
 
-    def _refill(self, job: Assignment) -> EncoderKey | None:
+    def _suits(self, job: Assignment | Prepare) -> bool:
+        """Whether the ready encoder may serve `job` (see `_take_warm`)."""
+        if self._warm is None or self._warm[0] != job.key:
+            return False
+        return job.thread_type != "FRAME" or self._warm[1].threads == job.threads
+
+    def _prepare(self, job: Prepare) -> EncoderKey | None:
+        if self._suits(job):
+            return job.key  # one is ready already
+        self._discard_warm()
+        return self._refill(job)
+
+    def _refill(self, job: Prepare) -> EncoderKey | None:
         try:
             warm = warm_up(job.geometry, job.codec, job.threads, job.thread_type)
         except Exception:  # the request already had its answer; simply not ready

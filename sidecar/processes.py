@@ -7,8 +7,10 @@ calls do too. So every MP4 without audio whose frames are all in leases, and whi
 cut into segments (see segments), goes to a pool of encoder processes (`process_main`),
 each with its own GIL and its own ready encoder. A process answers, then opens its next
 encoder while another takes the next request: back-to-back requests alternate between
-processes and never wait for an open. A long encode reports progress over the pipe, and
-a request cancelled meanwhile tells its process to stop.
+processes and never wait for an open. For that, a short clip that takes the only encoder
+ready for its settings has a free process open another at once, while it encodes; so as
+many stay ready as requests for those settings run at once. A long encode reports
+progress over the pipe, and a request cancelled meanwhile tells its process to stop.
 
 Three processes start with the daemon and stay: a clip of a few small frames encodes
 faster than an encoder opens, so with two, back-to-back requests would wait for the other
@@ -30,13 +32,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle
 from pathlib import Path
 
 from .errors import EncodeFailed
-from .process_main import Answer, Assignment, Progress, Ready, Stop
+from .process_main import Answer, Assignment, Prepare, Progress, Ready, Stop
 from .warm import EncoderKey
 
 log = logging.getLogger(__name__)
@@ -46,6 +49,7 @@ KEEP = 3  # started with the daemon and kept
 MAINTAIN_S = 1.0  # how often the pool looks for idle processes to stop
 STOP_WAIT_S = 2.0
 STOP_POLL_S = 0.05  # how soon a cancelled request's process is told to stop
+STALE_S = 1.0  # a ready encoder unused this long may be replaced by one for other settings
 
 
 class ProcessGone(EncodeFailed):
@@ -81,6 +85,7 @@ class EncoderProcess:
         self.next_key: EncoderKey | None = None
         self.ready_key: EncoderKey | None = None
         self.busy = False
+        self.taken_ready = False  # its encoder was ready for the job it was taken for
         self.broken = False
         self.idle_since = time.monotonic()
 
@@ -92,11 +97,30 @@ class EncoderProcess:
         except (EOFError, OSError):
             self.broken = True
 
-    def rank(self, key: EncoderKey) -> int:
-        """How soon this process would encode `key` without opening: lower is sooner."""
-        if self.opening:
-            return 1 if self.next_key == key else 3
-        return 0 if self.ready_key == key else 2
+    @property
+    def holds(self) -> EncoderKey | None:
+        """The settings of the encoder this process has ready, or is opening."""
+        return self.next_key if self.opening else self.ready_key
+
+    def rank(self, key: EncoderKey, spare: bool) -> int:
+        """How soon this process would encode `key`: lower is sooner. Ready for it;
+        opening one for it (a wait shorter than an open); an open, in a process with
+        nothing ready or with an encoder to `spare`; an encoder others may still want."""
+        if self.holds == key:
+            return 1 if self.opening else 0
+        if self.holds is None or (spare and not self.opening):
+            return 2
+        return 3
+
+    def prepare(self, job: Prepare) -> None:
+        """Have the process open an encoder for `job`'s settings while it waits."""
+        try:
+            self.conn.send(job)
+        except OSError:
+            self.broken = True
+            return
+        self.opening, self.next_key, self.ready_key = True, job.key, None
+        self.idle_since = time.monotonic()
 
     def encode(
         self,
@@ -107,6 +131,9 @@ class EncoderProcess:
         """Run `job` there, passing on its progress; once `stopped()`, the process is
         told to stop (it answers Cancelled). ProcessGone if it dies meanwhile."""
         told_to_stop = False
+        # A process still opening an encoder for `job` reads it once that is done.
+        waits = self.opening and self.next_key == job.key
+        sent_at = time.perf_counter()
         try:
             self.conn.send(job)
             while True:
@@ -119,6 +146,8 @@ class EncoderProcess:
                 if isinstance(message, Answer):
                     if message.in_file:
                         message.memfd = self._descriptor()
+                    if waits and "open" in message.timings_s:
+                        message.timings_s["open"] += max(0.0, message.received_at - sent_at)
                     self.opening, self.next_key, self.ready_key = True, job.key, None
                     return message
                 if isinstance(message, Progress):
@@ -152,6 +181,20 @@ class EncoderProcess:
         except subprocess.TimeoutExpired:
             self.popen.kill()
             self.popen.wait()
+
+
+def _ranked(
+    procs: list[EncoderProcess], key: EncoderKey, now: float
+) -> list[tuple[int, EncoderProcess]]:
+    """`procs` by how soon each would encode `key` (see `EncoderProcess.rank`). An
+    encoder is spare when unused for `STALE_S`, or when another of `procs` holds one
+    for the same settings."""
+    held = Counter(p.holds for p in procs)
+    ranks = [
+        (p.rank(key, held[p.holds] > 1 or now - p.idle_since > STALE_S), i)
+        for i, p in enumerate(procs)
+    ]
+    return [(rank, procs[i]) for rank, i in sorted(ranks)]
 
 
 class EncoderProcesses:
@@ -196,17 +239,26 @@ class EncoderProcesses:
                     proc.poll()
             return sum(p.started and not p.broken for p in self._procs)
 
-    def take(self, key: EncoderKey) -> EncoderProcess | None:
+    def take(self, key: EncoderKey, prepare: Prepare | None = None) -> EncoderProcess | None:
         """The free process that can start on `key` soonest, or None (encode in the
-        daemon): none is up yet, or all are busy. Give it back with `give()`."""
+        daemon): none is up yet, or all are busy. Give it back with `give()`. With
+        `prepare`, another free process opens an encoder for the next such request,
+        unless one is ready or opening already."""
         if not self.enabled or self._closed:
             return None
+        now = time.monotonic()
         with self._lock:
             free = [p for p in self._procs if not p.busy]
             for proc in free:
                 proc.poll()
             usable = [p for p in free if p.started and not p.broken]
-            best = min(usable, key=lambda p: p.rank(key), default=None)
+            ranked = _ranked(usable, key, now)
+            best = ranked[0][1] if ranked else None
+            if best is not None:
+                best.taken_ready = ranked[0][0] == 0
+                others = _ranked([p for p in usable if p is not best], key, now)
+                if prepare is not None and others and others[0][0] == 2:
+                    others[0][1].prepare(prepare)  # no other holds one: open one now
             if best is None:
                 # Every process is busy: the traffic runs more at once than there are.
                 # Each request that finds them so asks for one more, so a burst of eight
@@ -220,11 +272,13 @@ class EncoderProcesses:
             return best
 
     def give(self, proc: EncoderProcess, warm: bool | None = None) -> None:
-        """Hand `proc` back; `warm` says whether its encode found an encoder ready."""
+        """Hand `proc` back; `warm` says whether the process used the encoder it had
+        ready (None: no answer). A hit is that, with the encoder ready when taken."""
         with self._lock:
             if warm is not None:
-                self.hits += warm
-                self.misses += not warm
+                hit = warm and proc.taken_ready
+                self.hits += hit
+                self.misses += not hit
             proc.busy = False
             proc.idle_since = time.monotonic()
             if proc.broken:

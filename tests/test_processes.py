@@ -9,6 +9,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import cast
 
 import numpy as np
@@ -292,3 +293,92 @@ def test_a_large_output_comes_back_as_a_descriptor(make_daemon) -> None:  # type
         assert c.status().counters["process_encodes"] == before + 2
     assert Path(result.path).read_bytes() == expected
     assert len(os.listdir(f"/proc/{d.process.pid}/fd")) <= fds
+
+
+class _Pipe:
+    """A process's socket that records what the daemon sends and says nothing back."""
+
+    def __init__(self) -> None:
+        self.sent: list[object] = []
+
+    def poll(self, timeout: float = 0.0) -> bool:
+        return False
+
+    def send(self, message: object) -> None:
+        self.sent.append(message)
+
+
+def _proc(holds: EncoderKey | None, opening: bool = False, idle_s: float = 0.0):  # type: ignore[no-untyped-def]
+    proc = processes.EncoderProcess.__new__(processes.EncoderProcess)
+    proc.conn = _Pipe()  # type: ignore[assignment]
+    proc.started, proc.broken, proc.busy, proc.taken_ready = True, False, False, False
+    proc.opening = opening
+    proc.next_key, proc.ready_key = (holds, None) if opening else (None, holds)
+    proc.idle_since = time.monotonic() - idle_s
+    return proc
+
+
+def _pool(*procs) -> EncoderProcesses:  # type: ignore[no-untyped-def]
+    pool = EncoderProcesses(limit=len(procs))
+    pool._procs = list(procs)
+    return pool
+
+
+def test_a_short_clip_taking_the_only_ready_encoder_has_another_opened() -> None:
+    """Back to back, one client: the next request must not wait for the open that the
+    process it just used starts after answering. Another process opens one meanwhile."""
+    from sidecar.process_main import Prepare
+
+    k, j = cast(EncoderKey, "k"), cast(EncoderKey, "j")
+    prepare = cast(Prepare, SimpleNamespace(key=k))
+    a, b, c = _proc(k), _proc(None), _proc(j)
+    pool = _pool(a, b, c)
+    assert pool.take(k, prepare) is a and a.taken_ready
+    assert b.conn.sent == [prepare] and b.holds == k  # the empty one, not j's
+    assert c.conn.sent == []
+    # a answered and reopens for k; b is ready: the next request goes to b, and no
+    # third encoder is opened for one client.
+    pool.give(a, warm=True)
+    a.opening, a.next_key, a.ready_key = True, k, None
+    b.opening, b.ready_key = False, k
+    assert pool.take(k, prepare) is b and b.taken_ready
+    assert a.conn.sent == [] and c.conn.sent == []
+    assert pool.hits == 1
+
+
+def test_waiting_for_an_open_is_a_miss_and_spare_encoders_are_reused() -> None:
+    from sidecar.process_main import Prepare
+
+    k, j = cast(EncoderKey, "k"), cast(EncoderKey, "j")
+    prepare = cast(Prepare, SimpleNamespace(key=k))
+    # Only a process still opening for k, and two ready for j: one of j's is spare.
+    a, b, c = _proc(k, opening=True), _proc(j), _proc(j)
+    pool = _pool(a, b, c)
+    assert pool.take(k, prepare) is a and not a.taken_ready
+    assert len(b.conn.sent) + len(c.conn.sent) == 1  # j keeps one ready encoder
+    pool.give(a, warm=True)
+    assert (pool.hits, pool.misses) == (0, 1)
+    # An encoder unused for STALE_S is spare too; a fresh one for other settings is not.
+    fresh, stale = _proc(j), _proc(cast(EncoderKey, "i"), idle_s=processes.STALE_S + 1)
+    pool = _pool(_proc(k), fresh, stale)
+    pool.take(k, prepare)
+    assert stale.conn.sent == [prepare] and fresh.conn.sent == []
+    # Long videos (no `prepare`) open nothing extra.
+    idle = _proc(None)
+    pool = _pool(_proc(k), idle)
+    pool.take(k)
+    assert idle.conn.sent == []
+
+
+def test_back_to_back_clips_alternate_between_ready_processes(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    """The same settings back to back find an encoder ready, nearly every time."""
+    d = make_daemon(encoder_processes=3)
+    clip = moving_pattern(4, 240, 320)
+    encode_until_in_processes(d, clip)
+    with d.client() as c:
+        before = c.status().counters
+        for _ in range(30):
+            c.encode(clip)
+        after = c.status().counters
+    hits = after["warm_hits"] - before["warm_hits"]
+    assert hits >= 24, (before, after)
