@@ -88,6 +88,7 @@ class EncodeOptions:
             next_lease_bytes=next_lease_bytes,
             audio=audio,
             audio_data=audio_data or [],
+            data_in_result=True,  # ResultBuilder reads it
         )
 
     def header(

@@ -92,18 +92,23 @@ class ResultBuilder:
                 raise ServerError(
                     f"output chunk at {event.chunk.offset}, expected {self._received}"
                 )
-            self._chunks.append(event.chunk.data)
-            self._received += len(event.chunk.data)
-            if self._on_chunk is not None:
-                self._on_chunk(event.chunk.data)
+            self._take_chunk(event.chunk.data)
             return event.chunk.data
         elif kind == "result":
+            if event.result.data:  # a one-chunk output, sent with the result
+                self._take_chunk(event.result.data)
             self._result = event.result
             if event.result.HasField("next_lease"):
                 self.next_lease = event.result.next_lease
             if self._on_progress is not None:
                 self._on_progress(event.result.frames, event.result.frames)
         return None
+
+    def _take_chunk(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._received += len(data)
+        if self._on_chunk is not None:
+            self._on_chunk(data)
 
     def result(self, clock: Clock) -> EncodeResult:
         r = self._result

@@ -166,6 +166,7 @@ def encode_spec_from_proto(request: pb.EncodeRequest, request_id: str) -> Encode
         video=video_from_proto(v.width, v.height, v.pixel_format, v.fps, v.ranges),
         codec=codec_from_proto(request.codec),
         next_lease_bytes=request.next_lease_bytes,
+        data_in_result=request.data_in_result,
         output=output_from_proto(request.output, request.HasField("output")),
         audio=audio_from_proto(request.HasField("audio"), request.audio, request.audio_data),
     )
@@ -225,6 +226,7 @@ def event_to_proto(event: Progress | Chunk | Result, lease_ttl: float) -> pb.Enc
             audio_samples=event.audio_samples,
             timings=pb.StageTimings(**event.timings_ms),
             next_lease=lease_to_proto(event.next_lease, lease_ttl) if event.next_lease else None,
+            data=event.data,
         )
     )
 

@@ -58,6 +58,7 @@ class EncodeSpec:
     output: OutputRequest = field(default_factory=OutputRequest)
     audio: AudioRequest = field(default_factory=AudioRequest)
     next_lease_bytes: int = 0  # lease this much for the client's next request when done
+    data_in_result: bool = False  # a one-chunk bytes output may travel in the result
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ class Result:
     audio_samples: int
     timings_ms: dict[str, float]
     next_lease: Lease | None = None
+    data: bytes = b""  # the whole output, when it travels in the result
     # Work for once the client has its answer (opening the next encoder for spaced-out
     # traffic, which holds the GIL for milliseconds).
     after: Callable[[], None] | None = None

@@ -275,10 +275,14 @@ class Sidecar:
             async for event in _relay(events, runner, reader):
                 yield event
             outcome = runner.result()
-            for offset, data in outcome.read_chunks(CHUNK_SIZE):
-                yield Chunk(offset, data)
+            inline = b""
+            if accepted.spec.data_in_result and 0 < outcome.size_bytes <= CHUNK_SIZE:
+                inline = b"".join(data for _, data in outcome.read_chunks(CHUNK_SIZE))
+            else:
+                for offset, data in outcome.read_chunks(CHUNK_SIZE):
+                    yield Chunk(offset, data)
             next_bytes = reader.result() if reader is not None else accepted.spec.next_lease_bytes
-            yield self._result(accepted, job, outcome, received_at, next_bytes)
+            yield self._result(accepted, job, outcome, received_at, next_bytes, inline)
         except BaseException:
             if outcome is None:
                 # The client went away or something failed: stop the encoder, which frees
@@ -302,6 +306,7 @@ class Sidecar:
         outcome: EncodeOutcome,
         received_at: float,
         next_lease_bytes: int,
+        data: bytes,
     ) -> Result:
         spec, plan = accepted.spec, accepted.plan
         next_lease = None
@@ -326,6 +331,7 @@ class Sidecar:
                 "total_ms": (time.perf_counter() - received_at) * 1e3,
             },
             next_lease=next_lease,
+            data=data,
             # Holds the settings, not the job: nothing of it may outlive the request.
             after=functools.partial(self.warm.answered, job.warm_key) if job.warm_key else None,
         )

@@ -297,3 +297,42 @@ def test_warm_encoders_change_nothing_but_time(make_daemon, video: np.ndarray) -
     assert Path(saved.path or "").read_bytes() == reference
     assert counters["warm_hits"] >= 3
     assert not [p for p in Path(saved.path or "").parent.iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.parametrize("asked", [True, False])
+def test_a_one_chunk_output_comes_inside_the_result(
+    daemon: Daemon, connect, monkeypatch: pytest.MonkeyPatch, asked: bool
+) -> None:
+    """With `data_in_result` (the client always sets it) a small output saves a reply:
+    it comes in the result. A large one, or a client that did not ask, gets chunks."""
+    from client._options import EncodeOptions
+    from client._results import ResultBuilder
+
+    kinds: list[str] = []
+    feed, request = ResultBuilder.feed, EncodeOptions.request
+
+    def recording_feed(self: ResultBuilder, event: Any) -> bytes | None:
+        kind = event.WhichOneof("event")
+        kinds.append(kind + ("+data" if kind == "result" and event.result.data else ""))
+        return feed(self, event)
+
+    def asking(self: EncodeOptions, *args: Any, **kwargs: Any) -> Any:
+        made = request(self, *args, **kwargs)
+        made.data_in_result = asked
+        return made
+
+    monkeypatch.setattr(ResultBuilder, "feed", recording_feed)
+    monkeypatch.setattr(EncodeOptions, "request", asking)
+    small = moving_pattern(4, 64, 96)
+    rng = np.random.default_rng(7)
+    large = rng.integers(0, 256, (12, 256, 320, 3), dtype=np.uint8)  # lossless noise: > 1 MiB
+    with connect(daemon) as c:
+        small_out = c.encode(small).data
+        assert kinds == (["result+data"] if asked else ["chunk", "result"])
+        kinds.clear()
+        large_out = c.encode(large, crf=0).data
+        assert large_out is not None and len(large_out) > 1024 * 1024
+        assert kinds[-1] == "result" and kinds.count("chunk") >= 2
+    frames, _ = decode(small_out or b"")
+    assert len(frames) == 4 and psnr(frames, small) > 35
+    assert len(decode(large_out)[0]) == 12
