@@ -257,8 +257,15 @@ class EncoderProcesses:
             if best is not None:
                 best.taken_ready = ranked[0][0] == 0
                 others = _ranked([p for p in usable if p is not best], key, now)
-                if prepare is not None and others and others[0][0] == 2:
-                    others[0][1].prepare(prepare)  # no other holds one: open one now
+                if prepare is not None and others and others[0][0] >= 2:
+                    # No other holds one: open one now, in a spare process. When this
+                    # request found none ready either, the settings are wanted back to
+                    # back: then an encoder others may want goes too, the least used.
+                    spare = [p for rank, p in others if rank == 2]
+                    if not spare and ranked[0][0] > 0:
+                        spare = [p for _, p in others if not p.opening]
+                    if spare:
+                        min(spare, key=lambda p: p.idle_since).prepare(prepare)
             if best is None:
                 # Every process is busy: the traffic runs more at once than there are.
                 # Each request that finds them so asks for one more, so a burst of eight

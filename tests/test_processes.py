@@ -363,6 +363,12 @@ def test_waiting_for_an_open_is_a_miss_and_spare_encoders_are_reused() -> None:
     pool = _pool(_proc(k), fresh, stale)
     pool.take(k, prepare)
     assert stale.conn.sent == [prepare] and fresh.conn.sent == []
+    # But when the request itself found none ready (its own process still opening for
+    # it), the settings are wanted back to back: the encoder unused longest goes.
+    older, newer = _proc(j, idle_s=0.5), _proc(cast(EncoderKey, "i"))
+    pool = _pool(_proc(k, opening=True), older, newer)
+    pool.take(k, prepare)
+    assert older.conn.sent == [prepare] and newer.conn.sent == []
     # Long videos (no `prepare`) open nothing extra.
     idle = _proc(None)
     pool = _pool(_proc(k), idle)
