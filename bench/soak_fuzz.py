@@ -112,8 +112,12 @@ class Fuzzer:
             spares = []
             if not hasattr(result, "DESCRIPTOR") and not isinstance(result, bytes):
                 for event in result:  # a reply stream
-                    if isinstance(event, pb.EncodeEvent) and event.result.HasField("next_lease"):
+                    if not isinstance(event, pb.EncodeEvent):
+                        continue
+                    if event.result.HasField("next_lease"):
                         spares.append(event.result.next_lease.lease_id)
+                    if event.result.HasField("data_lease"):  # an output to read, then free
+                        spares.append(event.result.data_lease.lease_id)
             code = "OK"
             for lease_id in spares:  # granted with the result: must be ours to give back
                 if self.release(lease_id, "release-next") != "OK":
@@ -196,6 +200,7 @@ class Fuzzer:
         request.codec.CopyFrom(pb.CodecOptions(codec=codec, extra=options))
         request.output.container = CONTAINERS[container]  # type: ignore[assignment]
         request.next_lease_bytes = r.choice([0, 0, LEASE])
+        request.data_in_result, request.data_in_lease = r.random() < 0.5, r.random() < 0.5
         if r.random() < 0.3:
             request.output.file.path = f"soak/{self.seed}-{r.randrange(20)}.{container}"
             request.output.file.overwrite = r.random() < 0.7

@@ -127,6 +127,10 @@ def _call_encode(
 ) -> Steps[EncodeResult]:
     asked_at = time.monotonic()
     yield Replies(request, timeout or core.timeout, builder.feed)
+    if builder.data_lease is not None:  # the output came back through shared memory
+        lease = core.leased(builder.data_lease)
+        builder.take_from_lease(lease.array)
+        yield from core.give_back([lease])
     clock.stop()
     yield from core.keep_spare(builder.next_lease, asked_at)
     return builder.result(clock)

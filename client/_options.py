@@ -89,6 +89,7 @@ class EncodeOptions:
             audio=audio,
             audio_data=audio_data or [],
             data_in_result=True,  # ResultBuilder reads it
+            data_in_lease=True,  # frames in leases: this client maps the slabs
         )
 
     def header(

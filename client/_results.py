@@ -79,6 +79,7 @@ class ResultBuilder:
         self._received = 0
         self._result: pb.EncodeResult | None = None
         self.next_lease: pb.LeaseResponse | None = None
+        self.data_lease: pb.LeaseResponse | None = None  # the output is in it
 
     def feed(self, event: pb.EncodeEvent) -> bytes | None:
         """Take one reply; returns the bytes of an output chunk, if it was one."""
@@ -98,11 +99,18 @@ class ResultBuilder:
             if event.result.data:  # a one-chunk output, sent with the result
                 self._take_chunk(event.result.data)
             self._result = event.result
+            if event.result.HasField("data_lease"):
+                self.data_lease = event.result.data_lease
             if event.result.HasField("next_lease"):
                 self.next_lease = event.result.next_lease
             if self._on_progress is not None:
                 self._on_progress(event.result.frames, event.result.frames)
         return None
+
+    def take_from_lease(self, region: Any) -> None:
+        """Copy the output out of `data_lease`'s mapped region, before it goes back."""
+        assert self._result is not None
+        self._take_chunk(bytes(region[: self._result.size_bytes]))
 
     def _take_chunk(self, data: bytes) -> None:
         self._chunks.append(data)

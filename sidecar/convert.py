@@ -167,6 +167,7 @@ def encode_spec_from_proto(request: pb.EncodeRequest, request_id: str) -> Encode
         codec=codec_from_proto(request.codec),
         next_lease_bytes=request.next_lease_bytes,
         data_in_result=request.data_in_result,
+        data_in_lease=request.data_in_lease,
         output=output_from_proto(request.output, request.HasField("output")),
         audio=audio_from_proto(request.HasField("audio"), request.audio, request.audio_data),
     )
@@ -227,6 +228,7 @@ def event_to_proto(event: Progress | Chunk | Result, lease_ttl: float) -> pb.Enc
             timings=pb.StageTimings(**event.timings_ms),
             next_lease=lease_to_proto(event.next_lease, lease_ttl) if event.next_lease else None,
             data=event.data,
+            data_lease=lease_to_proto(event.data_lease, lease_ttl) if event.data_lease else None,
         )
     )
 

@@ -6,6 +6,8 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
+
 from .audio import AudioFormat
 from .encoder import ResolvedCodec
 from .frames import Geometry
@@ -52,6 +54,24 @@ class EncodeOutcome:
         elif self.memfd is not None:
             for offset in range(0, self.size_bytes, chunk_size):
                 yield offset, os.pread(self.memfd, chunk_size, offset)
+
+    @property
+    def unsent(self) -> bool:
+        """A bytes output still to send (a streamed one has gone already)."""
+        return self.data is not None or self.memfd is not None
+
+    def copy_into(self, target: np.ndarray) -> None:
+        """Put the whole bytes output into `target` (a region of a slab)."""
+        if self.data is not None:
+            target[: len(self.data)] = np.frombuffer(self.data, dtype=np.uint8)
+        elif self.memfd is not None:
+            view = target.data[: self.size_bytes]
+            done = 0
+            while done < self.size_bytes:
+                got = os.preadv(self.memfd, [view[done:]], done)
+                if got <= 0:
+                    raise OSError(f"the output ended at {done} of {self.size_bytes} bytes")
+                done += got
 
     def close(self) -> None:
         if self.memfd is not None:

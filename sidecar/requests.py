@@ -59,6 +59,7 @@ class EncodeSpec:
     audio: AudioRequest = field(default_factory=AudioRequest)
     next_lease_bytes: int = 0  # lease this much for the client's next request when done
     data_in_result: bool = False  # a one-chunk bytes output may travel in the result
+    data_in_lease: bool = False  # a larger one, in a lease granted to the client
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,7 @@ class Result:
     timings_ms: dict[str, float]
     next_lease: Lease | None = None
     data: bytes = b""  # the whole output, when it travels in the result
+    data_lease: Lease | None = None  # or the lease it is in, now the client's
     # Work for once the client has its answer (opening the next encoder for spaced-out
     # traffic, which holds the GIL for milliseconds).
     after: Callable[[], None] | None = None

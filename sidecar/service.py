@@ -269,20 +269,25 @@ class Sidecar:
         )
         runner = self.scheduler.submit(job)
         outcome: EncodeOutcome | None = None
+        data_lease: Lease | None = None
         token = accepted.spec.client_token
         self._working[token] += 1
         try:
             async for event in _relay(events, runner, reader):
                 yield event
             outcome = runner.result()
+            spec = accepted.spec
             inline = b""
-            if accepted.spec.data_in_result and 0 < outcome.size_bytes <= CHUNK_SIZE:
+            if outcome.unsent and spec.data_in_result and outcome.size_bytes <= CHUNK_SIZE:
                 inline = b"".join(data for _, data in outcome.read_chunks(CHUNK_SIZE))
-            else:
+            elif outcome.unsent and spec.data_in_lease:
+                data_lease = await self._in_lease(token, outcome)
+            if not inline and data_lease is None:
                 for offset, data in outcome.read_chunks(CHUNK_SIZE):
                     yield Chunk(offset, data)
-            next_bytes = reader.result() if reader is not None else accepted.spec.next_lease_bytes
-            yield self._result(accepted, job, outcome, received_at, next_bytes, inline)
+            next_bytes = reader.result() if reader is not None else spec.next_lease_bytes
+            yield self._result(accepted, job, outcome, received_at, next_bytes, inline, data_lease)
+            data_lease = None  # the client's now
         except BaseException:
             if outcome is None:
                 # The client went away or something failed: stop the encoder, which frees
@@ -298,6 +303,25 @@ class Sidecar:
                 del self._working[token]
             if outcome is not None:
                 outcome.close()
+            if data_lease is not None:  # the result never went: nobody will read it
+                self.leases.free([data_lease])
+
+    async def _in_lease(self, token: str, outcome: EncodeOutcome) -> Lease | None:
+        """A lease for `token` holding the bytes output, or None (no room: send chunks)."""
+        try:
+            lease = self.leases.grant(token, outcome.size_bytes)
+        except OutOfRange:  # larger than a slab
+            return None
+        if lease is None:
+            return None
+        region = self.slabset.slabs[lease.slab_id].array[lease.offset : lease.offset + lease.size]
+        try:
+            # Off the event loop: a long video's output is tens of megabytes.
+            await asyncio.to_thread(outcome.copy_into, region)
+        except BaseException:
+            self.leases.free([lease])
+            raise
+        return lease
 
     def _result(
         self,
@@ -307,6 +331,7 @@ class Sidecar:
         received_at: float,
         next_lease_bytes: int,
         data: bytes,
+        data_lease: Lease | None,
     ) -> Result:
         spec, plan = accepted.spec, accepted.plan
         next_lease = None
@@ -332,6 +357,7 @@ class Sidecar:
             },
             next_lease=next_lease,
             data=data,
+            data_lease=data_lease,
             # Holds the settings, not the job: nothing of it may outlive the request.
             after=functools.partial(self.warm.answered, job.warm_key) if job.warm_key else None,
         )

@@ -114,9 +114,10 @@ ranges = st.builds(
     threads=st.one_of(st.just(0), st.integers(0, 2**32 - 1)),
     path=st.one_of(st.none(), HOSTILE_PATHS),
     container=st.integers(-2, 6),
+    data_in=st.tuples(st.booleans(), st.booleans()),
 )
 def test_encode_descriptors(
-    stub, width, height, fmt, fps, pieces, codec, crf, preset, threads, path, container
+    stub, width, height, fmt, fps, pieces, codec, crf, preset, threads, path, container, data_in
 ) -> None:  # type: ignore[no-untyped-def]
     s, token = stub
     lease = s.Lease(pb.LeaseRequest(client_token=token, size=LEASE, wait_ms=5000))
@@ -144,6 +145,8 @@ def test_encode_descriptors(
         ),
         codec=options,
         output=output,
+        data_in_result=data_in[0],
+        data_in_lease=data_in[1],  # outputs this small come in the result or in chunks
     )
     code = call(s.Encode, request)
     COUNTS[code.name] += 1

@@ -300,11 +300,12 @@ def test_warm_encoders_change_nothing_but_time(make_daemon, video: np.ndarray) -
 
 
 @pytest.mark.parametrize("asked", [True, False])
-def test_a_one_chunk_output_comes_inside_the_result(
+def test_outputs_come_in_the_result_or_in_a_lease(
     daemon: Daemon, connect, monkeypatch: pytest.MonkeyPatch, asked: bool
 ) -> None:
     """With `data_in_result` (the client always sets it) a small output saves a reply:
-    it comes in the result. A large one, or a client that did not ask, gets chunks."""
+    it comes in the result. With `data_in_lease` (set when frames go through leases) a
+    large one comes back through shared memory. A client that did not ask gets chunks."""
     from client._options import EncodeOptions
     from client._results import ResultBuilder
 
@@ -313,12 +314,15 @@ def test_a_one_chunk_output_comes_inside_the_result(
 
     def recording_feed(self: ResultBuilder, event: Any) -> bytes | None:
         kind = event.WhichOneof("event")
-        kinds.append(kind + ("+data" if kind == "result" and event.result.data else ""))
+        if kind == "result":
+            kind += "+data" if event.result.data else ""
+            kind += "+lease" if event.result.HasField("data_lease") else ""
+        kinds.append(kind)
         return feed(self, event)
 
     def asking(self: EncodeOptions, *args: Any, **kwargs: Any) -> Any:
         made = request(self, *args, **kwargs)
-        made.data_in_result = asked
+        made.data_in_result = made.data_in_lease = asked
         return made
 
     monkeypatch.setattr(ResultBuilder, "feed", recording_feed)
@@ -332,7 +336,25 @@ def test_a_one_chunk_output_comes_inside_the_result(
         kinds.clear()
         large_out = c.encode(large, crf=0).data
         assert large_out is not None and len(large_out) > 1024 * 1024
-        assert kinds[-1] == "result" and kinds.count("chunk") >= 2
+        if asked:
+            assert kinds == ["result+lease"]
+        else:
+            assert kinds[-1] == "result" and kinds.count("chunk") >= 2
+        status = c.status()
+        assert status.pool["active_leases"] == 1  # the spare: the output's lease went back
     frames, _ = decode(small_out or b"")
     assert len(frames) == 4 and psnr(frames, small) > 35
     assert len(decode(large_out)[0]) == 12
+
+
+def test_an_output_larger_than_a_slab_comes_in_chunks(make_daemon, connect) -> None:  # type: ignore[no-untyped-def]
+    """No lease can hold it: the output travels as chunks, whole, and nothing is left."""
+    d = make_daemon(slabs=16, slab_size="1MiB")
+    rng = np.random.default_rng(3)
+    noise = rng.integers(0, 256, (14, 192, 256, 3), dtype=np.uint8)  # lossless: ~1.3 MB
+    with connect(d) as c:
+        out = c.encode(noise, crf=0).data
+        status = c.status()
+    assert out is not None and len(out) > 1024 * 1024
+    assert len(decode(out)[0]) == 14
+    assert status.pool["active_leases"] == 0  # two leases in, none kept, none out

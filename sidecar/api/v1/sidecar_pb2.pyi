@@ -274,7 +274,7 @@ class AudioRange(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
 
 class EncodeRequest(_message.Message):
-    __slots__ = ("client_token", "request_id", "video", "codec", "output", "next_lease_bytes", "audio", "audio_data", "data_in_result")
+    __slots__ = ("client_token", "request_id", "video", "codec", "output", "next_lease_bytes", "audio", "audio_data", "data_in_result", "data_in_lease")
     CLIENT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     VIDEO_FIELD_NUMBER: _ClassVar[int]
@@ -284,6 +284,7 @@ class EncodeRequest(_message.Message):
     AUDIO_FIELD_NUMBER: _ClassVar[int]
     AUDIO_DATA_FIELD_NUMBER: _ClassVar[int]
     DATA_IN_RESULT_FIELD_NUMBER: _ClassVar[int]
+    DATA_IN_LEASE_FIELD_NUMBER: _ClassVar[int]
     client_token: str
     request_id: str
     video: VideoDescriptor
@@ -293,7 +294,8 @@ class EncodeRequest(_message.Message):
     audio: AudioSpec
     audio_data: _containers.RepeatedCompositeFieldContainer[AudioData]
     data_in_result: bool
-    def __init__(self, client_token: _Optional[str] = ..., request_id: _Optional[str] = ..., video: _Optional[_Union[VideoDescriptor, _Mapping]] = ..., codec: _Optional[_Union[CodecOptions, _Mapping]] = ..., output: _Optional[_Union[OutputSpec, _Mapping]] = ..., next_lease_bytes: _Optional[int] = ..., audio: _Optional[_Union[AudioSpec, _Mapping]] = ..., audio_data: _Optional[_Iterable[_Union[AudioData, _Mapping]]] = ..., data_in_result: _Optional[bool] = ...) -> None: ...
+    data_in_lease: bool
+    def __init__(self, client_token: _Optional[str] = ..., request_id: _Optional[str] = ..., video: _Optional[_Union[VideoDescriptor, _Mapping]] = ..., codec: _Optional[_Union[CodecOptions, _Mapping]] = ..., output: _Optional[_Union[OutputSpec, _Mapping]] = ..., next_lease_bytes: _Optional[int] = ..., audio: _Optional[_Union[AudioSpec, _Mapping]] = ..., audio_data: _Optional[_Iterable[_Union[AudioData, _Mapping]]] = ..., data_in_result: _Optional[bool] = ..., data_in_lease: _Optional[bool] = ...) -> None: ...
 
 class StreamHeader(_message.Message):
     __slots__ = ("client_token", "request_id", "width", "height", "pixel_format", "fps", "codec", "output", "audio", "audio_data")
@@ -382,7 +384,7 @@ class StageTimings(_message.Message):
     def __init__(self, queue_ms: _Optional[float] = ..., validate_ms: _Optional[float] = ..., convert_ms: _Optional[float] = ..., encode_ms: _Optional[float] = ..., mux_ms: _Optional[float] = ..., finalize_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., open_ms: _Optional[float] = ...) -> None: ...
 
 class EncodeResult(_message.Message):
-    __slots__ = ("audio_samples", "request_id", "path", "size_bytes", "frames", "duration_s", "codec", "container", "width", "height", "timings", "next_lease", "data")
+    __slots__ = ("audio_samples", "request_id", "path", "size_bytes", "frames", "duration_s", "codec", "container", "width", "height", "timings", "next_lease", "data", "data_lease")
     AUDIO_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
@@ -396,6 +398,7 @@ class EncodeResult(_message.Message):
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     NEXT_LEASE_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    DATA_LEASE_FIELD_NUMBER: _ClassVar[int]
     audio_samples: int
     request_id: str
     path: str
@@ -409,7 +412,8 @@ class EncodeResult(_message.Message):
     timings: StageTimings
     next_lease: LeaseResponse
     data: bytes
-    def __init__(self, audio_samples: _Optional[int] = ..., request_id: _Optional[str] = ..., path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., frames: _Optional[int] = ..., duration_s: _Optional[float] = ..., codec: _Optional[str] = ..., container: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., next_lease: _Optional[_Union[LeaseResponse, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+    data_lease: LeaseResponse
+    def __init__(self, audio_samples: _Optional[int] = ..., request_id: _Optional[str] = ..., path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., frames: _Optional[int] = ..., duration_s: _Optional[float] = ..., codec: _Optional[str] = ..., container: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., next_lease: _Optional[_Union[LeaseResponse, _Mapping]] = ..., data: _Optional[bytes] = ..., data_lease: _Optional[_Union[LeaseResponse, _Mapping]] = ...) -> None: ...
 
 class EncodeEvent(_message.Message):
     __slots__ = ("progress", "chunk", "result")
