@@ -126,7 +126,7 @@ class Config:
             "processes that encode videos beside the daemon, started as needed; 0: off",
             parse_int,
             "N",
-            shown=f"the cores, at most 16; 0 under 4 cores: {default_encoder_processes()} here",
+            shown=f"the cores, 3 to 16; 0 on one core: {default_encoder_processes()} here",
         ),
     )
     lease_ttl: float = field(

@@ -125,9 +125,12 @@ def default_concurrency() -> int:
 
 
 def default_encoder_processes() -> int:
-    # Two cores have nothing to spare for a second process opening the next encoder.
+    # At least the three a daemon keeps, even on two cores: back-to-back clips alternate
+    # between two of them while the third serves other settings. Measured on 2 cores
+    # (bench/results/2026-11-30-cpu2-processes-ab.md), small clips took 0.77-1.01x of
+    # upstream_a with them and 0.64-1.80x without. One core has nothing to spare.
     cores = cpu_count()
-    return 0 if cores < 4 else min(16, cores)
+    return 0 if cores < 2 else min(16, max(3, cores))
 
 
 def config_problems(c: Any) -> list[str]:

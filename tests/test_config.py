@@ -160,6 +160,6 @@ def test_counts_below_zero_name_what_zero_means(name: str, zero: str) -> None:
 def test_encoder_processes_default_to_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     from sidecar import config_values
 
-    for cores, expected in ((2, 0), (4, 4), (16, 16), (64, 16)):
+    for cores, expected in ((1, 0), (2, 3), (4, 4), (16, 16), (64, 16)):
         monkeypatch.setattr(config_values, "cpu_count", lambda cores=cores: cores)
         assert config_values.default_encoder_processes() == expected

@@ -31,11 +31,16 @@ def test_sigterm_drains_then_unlinks(make_daemon) -> None:
         deadline = time.monotonic() + 10
         while probe.status().active_encodes == 0 and time.monotonic() < deadline:
             time.sleep(0.02)
+        assert probe.status().active_encodes == 1, d.log()
         d.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
         time.sleep(0.3)
-        assert probe.health() == "NOT_SERVING"
+        assert probe.health() == "NOT_SERVING", d.log()
         with pytest.raises(SidecarUnavailable, match="shutting down"):
-            probe.encode(moving_pattern(2, 32, 32))
+            try:
+                probe.encode(moving_pattern(2, 32, 32))
+            except SidecarUnavailable as exc:
+                assert "shutting down" in str(exc), (outcome, d.log())
+                raise
         assert d.segments(), "slabs stay while an encode runs"
     worker.join(60)
     assert "error" not in outcome, outcome.get("error")
