@@ -39,6 +39,11 @@ class Daemon(DaemonProcess):
             "max_lease_wait": 5,
             "shutdown_grace": 10,
             "log_level": "info",
+            # The suite starts some two hundred daemons. Each would start three encoder
+            # processes (about a second of CPU each on two cores), which slows the suite
+            # and starves the timing of tests that race a deadline. The processes have
+            # their own tests (test_processes.py), which ask for them.
+            "encoder_processes": 0,
         }
         socket = str(options.pop("socket", self.dir / "sidecar.sock"))
         super().__init__(socket, **{**defaults, **options})

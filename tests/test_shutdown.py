@@ -26,8 +26,9 @@ def test_sigterm_drains_then_unlinks(make_daemon) -> None:
                 outcome["error"] = exc
 
     worker = threading.Thread(target=long_encode)
-    worker.start()
     with d.client() as probe:
+        probe.status()  # attached and mapped before the encode starts: it must see it run
+        worker.start()
         deadline = time.monotonic() + 10
         while probe.status().active_encodes == 0 and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -84,8 +85,9 @@ def test_second_signal_forces_the_exit(make_daemon) -> None:  # type: ignore[no-
                 errors.append(exc)
 
     worker = threading.Thread(target=long_encode)
-    worker.start()
     with d.client() as probe:
+        probe.status()  # attached and mapped before the encode starts: it must see it run
+        worker.start()
         deadline = time.monotonic() + 10
         while probe.status().active_encodes == 0 and time.monotonic() < deadline:
             time.sleep(0.02)
