@@ -1,0 +1,79 @@
+"""Where the client's own time goes: small clips back to back, under cProfile.
+
+    python -m bench.client_profile [--device cpu|cuda] [--shape 448x256x4] [--calls 300]
+
+Starts a daemon with default settings, sends `--calls` back-to-back `encode()` calls of
+one clip per pixel format, and prints the median time outside the daemon (total minus the
+daemon's own time; the copy into the lease is part of it) and the functions that took it.
+cProfile slows the client itself, so the medians are above the bench's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from client import SidecarClient
+from client.patterns import moving_pattern
+from sidecar.launcher import DaemonProcess
+
+from .common import parse_shape
+
+
+def profile(client: SidecarClient, video: Any, fmt: str | None, calls: int, sync: Any) -> None:
+    for _ in range(50):  # warm: the processes, the spare lease, the ready encoders
+        client.encode(video, pixel_format=fmt)
+    outside, copies = [], []
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        sync()
+        t0 = time.perf_counter()
+        result = client.encode(video, pixel_format=fmt)
+        outside.append((time.perf_counter() - t0) * 1e3 - result.timings.daemon_ms)
+        copies.append(result.timings.copy_ms)
+    profiler.disable()
+    print(
+        f"{fmt or 'default'}: outside the daemon {statistics.median(outside):.3f} ms "
+        f"(copy {statistics.median(copies):.3f} ms), median of {calls}"
+    )
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(14)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--shape", default="448x256x4")
+    parser.add_argument("--calls", type=int, default=300)
+    args = parser.parse_args()
+    width, height, frames = parse_shape(args.shape)
+    video: Any = moving_pattern(frames, height, width)
+    sync: Any = lambda: None  # noqa: E731
+    formats: list[str | None] = [None]
+    if args.device == "cuda":
+        import torch
+
+        video = torch.from_numpy(video).cuda()
+        sync = torch.cuda.synchronize
+        formats.append("rgb24")  # the default for a CUDA tensor is yuv420p
+    with tempfile.TemporaryDirectory(prefix="vsp-") as tmp:
+        socket, prefix = str(Path(tmp) / "sidecar.sock"), f"vsprofile{os.getpid()}"
+        daemon = DaemonProcess(socket, output_dir=tmp, shm_prefix=prefix, log_level="warning")
+        daemon.start()
+        try:
+            with SidecarClient(daemon.socket) as client:
+                for fmt in formats:
+                    profile(client, video, fmt, args.calls, sync)
+        finally:
+            daemon.stop()
+
+
+if __name__ == "__main__":
+    main()
