@@ -315,10 +315,14 @@ class Sidecar:
         if lease is None:
             return None
         region = self.slabset.slabs[lease.slab_id].array[lease.offset : lease.offset + lease.size]
+        # Off the event loop: a long video's output is tens of megabytes.
+        copy = asyncio.ensure_future(asyncio.to_thread(outcome.copy_into, region))
         try:
-            # Off the event loop: a long video's output is tens of megabytes.
-            await asyncio.to_thread(outcome.copy_into, region)
+            await asyncio.shield(copy)
         except BaseException:
+            # Never free a region a thread still writes into (the client went away).
+            with contextlib.suppress(BaseException):
+                await copy
             self.leases.free([lease])
             raise
         return lease
