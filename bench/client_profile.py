@@ -12,19 +12,16 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import os
 import pstats
 import statistics
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 from client import SidecarClient
 from client.patterns import moving_pattern
-from sidecar.launcher import DaemonProcess
 
 from .common import parse_shape
+from .suites import daemon
 
 
 def profile(client: SidecarClient, video: Any, fmt: str | None, calls: int, sync: Any) -> None:
@@ -63,16 +60,9 @@ def main() -> None:
         video = torch.from_numpy(video).cuda()
         sync = torch.cuda.synchronize
         formats.append("rgb24")  # the default for a CUDA tensor is yuv420p
-    with tempfile.TemporaryDirectory(prefix="vsp-") as tmp:
-        socket, prefix = str(Path(tmp) / "sidecar.sock"), f"vsprofile{os.getpid()}"
-        daemon = DaemonProcess(socket, output_dir=tmp, shm_prefix=prefix, log_level="warning")
-        daemon.start()
-        try:
-            with SidecarClient(daemon.socket) as client:
-                for fmt in formats:
-                    profile(client, video, fmt, args.calls, sync)
-        finally:
-            daemon.stop()
+    with daemon() as d, SidecarClient(d.socket) as client:
+        for fmt in formats:
+            profile(client, video, fmt, args.calls, sync)
 
 
 if __name__ == "__main__":
