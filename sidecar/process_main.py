@@ -54,8 +54,8 @@ class Region:
 
 
 @dataclass(frozen=True)
-class Prepare:
-    """Open a ready encoder for these settings now; answered with `Ready`."""
+class EncoderSettings:
+    """What opening an encoder takes."""
 
     key: EncoderKey
     geometry: Geometry
@@ -65,12 +65,12 @@ class Prepare:
 
 
 @dataclass(frozen=True)
-class Assignment:
-    key: EncoderKey
-    geometry: Geometry
-    codec: ResolvedCodec
-    threads: int
-    thread_type: str
+class Prepare(EncoderSettings):
+    """Open a ready encoder for these settings now; answered with `Ready`."""
+
+
+@dataclass(frozen=True)
+class Assignment(EncoderSettings):
     regions: tuple[Region, ...]
 
     def preparation(self) -> Prepare:
@@ -179,7 +179,7 @@ class Worker:
                     self._outgoing = None
                 # Only now let the used encoder go: closing x264 joins its threads.
                 self._used.clear()
-                self._conn.send(Ready(self._refill(job.preparation())))
+                self._conn.send(Ready(self._refill(job)))
             except OSError:
                 return  # the daemon has gone
 
@@ -247,7 +247,7 @@ class Worker:
         self._discard_warm()
         return None
 
-    def _suits(self, job: Assignment | Prepare) -> bool:
+    def _suits(self, job: EncoderSettings) -> bool:
         """Whether the ready encoder may serve `job` (see `_take_warm`)."""
         if self._warm is None or self._warm[0] != job.key:
             return False
@@ -259,7 +259,7 @@ class Worker:
         self._discard_warm()
         return self._refill(job)
 
-    def _refill(self, job: Prepare) -> EncoderKey | None:
+    def _refill(self, job: EncoderSettings) -> EncoderKey | None:
         try:
             warm = warm_up(job.geometry, job.codec, job.threads, job.thread_type)
         except Exception:  # the request already had its answer; simply not ready

@@ -197,6 +197,26 @@ def _ranked(
     return [(rank, procs[i]) for rank, i in sorted(ranks)]
 
 
+def _prepare_another(
+    others: list[EncoderProcess],
+    key: EncoderKey,
+    now: float,
+    prepare: Prepare,
+    found_ready: bool,
+) -> None:
+    """Unless one of `others` holds an encoder for `key`, have one open it now: a
+    spare one. When the request found none ready either, the settings are wanted back to
+    back: then an encoder others may want goes too, the least used."""
+    ranked = _ranked(others, key, now)  # ranked anew: which encoders are spare changed
+    if not ranked or ranked[0][0] < 2:
+        return
+    spare = [p for rank, p in ranked if rank == 2]
+    if not spare and not found_ready:
+        spare = [p for _, p in ranked if not p.opening]
+    if spare:
+        min(spare, key=lambda p: p.idle_since).prepare(prepare)
+
+
 class EncoderProcesses:
     """Up to `limit` encoder processes, started when requests need them."""
 
@@ -253,20 +273,7 @@ class EncoderProcesses:
                 proc.poll()
             usable = [p for p in free if p.started and not p.broken]
             ranked = _ranked(usable, key, now)
-            best = ranked[0][1] if ranked else None
-            if best is not None:
-                best.taken_ready = ranked[0][0] == 0
-                others = _ranked([p for p in usable if p is not best], key, now)
-                if prepare is not None and others and others[0][0] >= 2:
-                    # No other holds one: open one now, in a spare process. When this
-                    # request found none ready either, the settings are wanted back to
-                    # back: then an encoder others may want goes too, the least used.
-                    spare = [p for rank, p in others if rank == 2]
-                    if not spare and ranked[0][0] > 0:
-                        spare = [p for _, p in others if not p.opening]
-                    if spare:
-                        min(spare, key=lambda p: p.idle_since).prepare(prepare)
-            if best is None:
+            if not ranked:
                 # Every process is busy: the traffic runs more at once than there are.
                 # Each request that finds them so asks for one more, so a burst of eight
                 # starts the processes it needs at once, not one per wave of requests.
@@ -274,8 +281,12 @@ class EncoderProcesses:
                 # costs more CPU than the open it would save.)
                 self._wanted = min(self.limit, max(self._wanted, len(self._procs)) + 1)
                 self._wake.set()
-            if best is not None:
-                best.busy = True
+                return None
+            rank, best = ranked[0]
+            best.busy, best.taken_ready = True, rank == 0
+            if prepare is not None:
+                others = [p for p in usable if p is not best]
+                _prepare_another(others, key, now, prepare, found_ready=rank == 0)
             return best
 
     def give(self, proc: EncoderProcess, warm: bool | None = None) -> None:
