@@ -35,7 +35,7 @@ from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.launcher import DaemonProcess
 
 SERVICE = "/video_sidecar.v1.VideoSidecar/"
-METHODS = ["Attach", "Lease", "Release", "Status", "Encode", "EncodeStream"]
+METHODS = ["Attach", "Lease", "Release", "Status", "Encode", "EncodeOnce", "EncodeStream"]
 LEASE = 64 * 1024
 FRAME = 64 * 64 * 3  # valid requests send rgb24 64x64
 SMALL: dict[str, Any] = {"width": 64, "height": 64, "pixel_format": pb.PIXEL_FORMAT_RGB24}
@@ -109,15 +109,16 @@ class Fuzzer:
     def call(self, kind: str, fn: Callable[..., Any], request: Any, detail: str = "") -> str:
         try:
             result = fn(request, timeout=30)
-            spares = []
+            results = [result] if isinstance(result, pb.EncodeResult) else []  # EncodeOnce
             if not hasattr(result, "DESCRIPTOR") and not isinstance(result, bytes):
-                for event in result:  # a reply stream
-                    if not isinstance(event, pb.EncodeEvent):
-                        continue
-                    if event.result.HasField("next_lease"):
-                        spares.append(event.result.next_lease.lease_id)
-                    if event.result.HasField("data_lease"):  # an output to read, then free
-                        spares.append(event.result.data_lease.lease_id)
+                # A reply stream.
+                results = [e.result for e in result if isinstance(e, pb.EncodeEvent)]
+            spares = []
+            for one in results:
+                if one.HasField("next_lease"):
+                    spares.append(one.next_lease.lease_id)
+                if one.HasField("data_lease"):  # an output to read, then free
+                    spares.append(one.data_lease.lease_id)
             code = "OK"
             for lease_id in spares:  # granted with the result: must be ours to give back
                 if self.release(lease_id, "release-next") != "OK":
@@ -175,8 +176,12 @@ class Fuzzer:
         video = pb.VideoDescriptor(width=side(), height=side(), pixel_format=fmt, ranges=ranges)
         video.fps.CopyFrom(fps() if r.random() < 0.6 else fps(r))
         request = pb.EncodeRequest(client_token=self.token, video=video, codec=codec, output=output)
-        code = self.call("descriptor", self.stub.Encode, request)
+        code = self.call("descriptor", self.encode_method(), request)
         self.settle("descriptor", lease.lease_id, code)
+
+    def encode_method(self) -> Callable[..., Any]:
+        """Encode (a reply stream) or EncodeOnce (one reply), at random."""
+        return self.stub.EncodeOnce if self.r.random() < 0.5 else self.stub.Encode
 
     def audio(self, target: pb.EncodeRequest | pb.StreamHeader) -> tuple[list[pb.AudioData], str]:
         r = self.r
@@ -210,7 +215,8 @@ class Fuzzer:
             request.audio_data.extend(data)
             detail += more
         kind = "extra" if extra else "encode"
-        self.settle(kind, lease.lease_id, self.call(kind, self.stub.Encode, request, detail))
+        code = self.call(kind, self.encode_method(), request, detail)
+        self.settle(kind, lease.lease_id, code)
 
     def stream(self) -> None:
         """A valid stream, with 0-3 chunks, maybe no end, maybe abandoned midway."""

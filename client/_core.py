@@ -159,6 +159,7 @@ class ClientCore:
         # from before it was asked for.
         self._spare: tuple[Lease, float] | None = None
         self._spare_lock = threading.Lock()
+        self.encode_once = True  # False once a daemon without EncodeOnce said so
 
     @property
     def unary_timeout(self) -> float:

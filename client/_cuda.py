@@ -219,20 +219,22 @@ class CudaVideo:
         shape = frame_shape(self.pixel_format, self.width, self.height)
         dst = torch.from_numpy(region[: count * self.frame_bytes]).view(count, *shape)
         step = count if self._identity else self._batch
+        # One batch (a short clip) has nothing to overlap: convert and copy on one stream,
+        # with no event between them; each such call costs the request time.
+        overlap = self._fused and count > step
         with torch.cuda.device(self.device):
             for first in range(start, start + count, step):
                 last = min(first + step, start + count)
-                if self._fused:
+                if overlap:
                     with torch.cuda.stream(self._convert_stream):
                         out = self._convert(self.frames_thwc[first:last], shape)
                         converted = torch.cuda.Event()
                         converted.record(self._convert_stream)
                     self._side.wait_event(converted)
                     out.record_stream(self._side)  # not reused before the copy is done
-                else:
-                    with torch.cuda.stream(self._side):
-                        out = self._convert(self.frames_thwc[first:last], shape)
                 with torch.cuda.stream(self._side):
+                    if not overlap:
+                        out = self._convert(self.frames_thwc[first:last], shape)
                     dst[first - start : last - start].copy_(out, non_blocking=True)
 
     def _convert(self, batch: Any, shape: tuple[int, ...]) -> Any:

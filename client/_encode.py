@@ -6,16 +6,23 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import grpc
+
 from sidecar.api.v1 import sidecar_pb2 as pb
 
 from ._audio import Pcm, prepare_audio
 from ._core import ClientCore, copy_step, fits_in_pool, plan_ranges
+from ._errors import ServerError
 from ._options import EncodeOptions, VideoFormat, VideoGeometry
 from ._results import Clock, ResultBuilder
-from ._steps import Replies, Steps, Work
+from ._steps import Call, Replies, Steps, Work
 from ._stream import StreamCore
 from ._types import EncodeResult, FrameRange, Lease
 from ._video import VideoSource
+
+# EncodeOnce for outputs that cannot outgrow its one reply (7 MiB): clips of at most this
+# many bytes as 4:2:0 pictures, which even lossless H.264 of noise keeps well under it.
+ONCE_MAX_BYTES = 4 * 1024 * 1024
 
 ProgressCallback = Callable[[int, int], None]
 ChunkCallback = Callable[[bytes], None]
@@ -95,7 +102,8 @@ def _encode_source(
             audio=pcm.spec() if pcm is not None else None,
             audio_data=audio_data,
         )
-        return (yield from _call_encode(core, request, clock, builder, timeout))
+        once = options.path is not None or source.frames * picture_bytes(source) <= ONCE_MAX_BYTES
+        return (yield from _call_encode(core, request, clock, builder, timeout, once=once))
     except GeneratorExit:
         raise
     except BaseException:
@@ -124,9 +132,23 @@ def _call_encode(
     clock: Clock,
     builder: ResultBuilder,
     timeout: float | None,
+    *,
+    once: bool = False,
 ) -> Steps[EncodeResult]:
+    """Ask for the encode and take the replies. `once`: the output is a file or cannot
+    come near EncodeOnce's 7 MiB, so a caller that wants no progress and no chunks gets
+    the result as the one reply of a unary call (a stream costs a round of messages
+    more: 0.3 ms of a 448x256x4 clip's 1.7 ms outside the daemon on the H200 host)."""
     asked_at = time.monotonic()
-    yield Replies(request, timeout or core.timeout, builder.feed)
+    if once and core.encode_once and not builder.wants_events:
+        try:
+            builder.take_result((yield Call("EncodeOnce", request, timeout or core.timeout)))
+        except ServerError as err:
+            if err.code != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            core.encode_once = False  # an older daemon: it never saw the request
+    if not builder.has_result:
+        yield Replies(request, timeout or core.timeout, builder.feed)
     if builder.data_lease is not None:  # the output came back through shared memory
         lease = core.leased(builder.data_lease)
         builder.take_from_lease(lease.array)
@@ -134,3 +156,8 @@ def _call_encode(
     clock.stop()
     yield from core.keep_spare(builder.next_lease, asked_at)
     return builder.result(clock)
+
+
+def picture_bytes(source: VideoSource) -> int:
+    """One frame as the encoder's 4:2:0 picture: what bounds the size of its output."""
+    return source.width * source.height * 3 // 2

@@ -96,16 +96,29 @@ class ResultBuilder:
             self._take_chunk(event.chunk.data)
             return event.chunk.data
         elif kind == "result":
-            if event.result.data:  # a one-chunk output, sent with the result
-                self._take_chunk(event.result.data)
-            self._result = event.result
-            if event.result.HasField("data_lease"):
-                self.data_lease = event.result.data_lease
-            if event.result.HasField("next_lease"):
-                self.next_lease = event.result.next_lease
-            if self._on_progress is not None:
-                self._on_progress(event.result.frames, event.result.frames)
+            self.take_result(event.result)
         return None
+
+    @property
+    def has_result(self) -> bool:
+        return self._result is not None
+
+    @property
+    def wants_events(self) -> bool:
+        """Progress or chunks were asked for: the reply must be a stream."""
+        return self._on_progress is not None or self._on_chunk is not None
+
+    def take_result(self, result: pb.EncodeResult) -> None:
+        """The result: the last reply of a stream, or EncodeOnce's only one."""
+        if result.data:  # the output, sent with the result
+            self._take_chunk(result.data)
+        self._result = result
+        if result.HasField("data_lease"):
+            self.data_lease = result.data_lease
+        if result.HasField("next_lease"):
+            self.next_lease = result.next_lease
+        if self._on_progress is not None:
+            self._on_progress(result.frames, result.frames)
 
     def take_from_lease(self, region: Any) -> None:
         """Copy the output out of `data_lease`'s mapped region, before it goes back."""

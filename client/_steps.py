@@ -31,9 +31,9 @@ T = TypeVar("T")
 class Call:
     """A unary RPC; the driver returns the response message."""
 
-    method: str  # "Attach", "Lease", "Release", "Status"; "Check" on the health service
+    method: str  # "Attach", "Lease", "Release", "Status", "EncodeOnce"; "Check" on health
     request: Message
-    timeout: float
+    timeout: float | None  # None: no deadline (an encode)
     service: Literal["sidecar", "health"] = "sidecar"
 
 

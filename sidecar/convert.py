@@ -158,7 +158,9 @@ def audio_pieces_from_proto(data: Any) -> tuple[AudioPiece, ...]:
     return tuple(pieces)
 
 
-def encode_spec_from_proto(request: pb.EncodeRequest, request_id: str) -> EncodeSpec:
+def encode_spec_from_proto(
+    request: pb.EncodeRequest, request_id: str, *, one_reply: bool = False
+) -> EncodeSpec:
     v = request.video
     return EncodeSpec(
         client_token=request.client_token,
@@ -168,6 +170,7 @@ def encode_spec_from_proto(request: pb.EncodeRequest, request_id: str) -> Encode
         next_lease_bytes=request.next_lease_bytes,
         data_in_result=request.data_in_result,
         data_in_lease=request.data_in_lease,
+        one_reply=one_reply,
         output=output_from_proto(request.output, request.HasField("output")),
         audio=audio_from_proto(request.HasField("audio"), request.audio, request.audio_data),
     )

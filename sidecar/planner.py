@@ -79,6 +79,7 @@ class Planner:
             container=out.container,
             audio=audio,
             frames_total=frames_total,
+            one_reply=spec.one_reply,
         )
         return plan, ranges
 

@@ -24,11 +24,12 @@ class EncodePlan:
     container: str = "mp4"
     audio: AudioFormat | None = None
     frames_total: int = 0  # known up front for a whole-video Encode
+    one_reply: bool = False  # nothing goes back before the result
 
     @property
     def streams_bytes(self) -> bool:
         """Fragmented MP4 to bytes goes back while encoding; the rest when complete."""
-        return self.target is None and self.container == "fmp4"
+        return self.target is None and self.container == "fmp4" and not self.one_reply
 
 
 @dataclass
@@ -54,6 +55,13 @@ class EncodeOutcome:
         elif self.memfd is not None:
             for offset in range(0, self.size_bytes, chunk_size):
                 yield offset, os.pread(self.memfd, chunk_size, offset)
+
+    def read_all(self) -> bytes:
+        """The whole bytes output, in memory (a small one)."""
+        if self.data is not None:
+            return self.data
+        assert self.memfd is not None
+        return os.pread(self.memfd, self.size_bytes, 0)
 
     @property
     def unsent(self) -> bool:

@@ -60,6 +60,7 @@ class EncodeSpec:
     next_lease_bytes: int = 0  # lease this much for the client's next request when done
     data_in_result: bool = False  # a one-chunk bytes output may travel in the result
     data_in_lease: bool = False  # a larger one, in a lease granted to the client
+    one_reply: bool = False  # EncodeOnce: the result is the only reply, output inside it
 
 
 @dataclass(frozen=True)

@@ -41,11 +41,14 @@ from .requests import EncodeSpec, Event, Result, StreamMessage
 from .scheduler import Scheduler
 from .shm import SlabSet
 from .status import Attachment, Stats, StatusReport
+from .vocabulary import MAX_MESSAGE_BYTES
 from .warm import WarmPool
 
 log = logging.getLogger(__name__)
 
 CHUNK_SIZE = 1024 * 1024  # bytes outputs travel in pieces well under gRPC's 4 MiB limit
+# An EncodeOnce result's own bytes: one message, with room left for its other fields.
+ONE_REPLY_DATA_MAX = MAX_MESSAGE_BYTES - 1024 * 1024
 
 
 class Sidecar:
@@ -278,10 +281,15 @@ class Sidecar:
             outcome = runner.result()
             spec = accepted.spec
             inline = b""
-            if outcome.unsent and spec.data_in_result and outcome.size_bytes <= CHUNK_SIZE:
-                inline = b"".join(data for _, data in outcome.read_chunks(CHUNK_SIZE))
-            elif outcome.unsent and spec.data_in_lease:
+            if outcome.unsent and outcome.size_bytes <= _inline_max(spec):
+                inline = outcome.read_all()
+            elif outcome.unsent and (spec.data_in_lease or spec.one_reply):
                 data_lease = await self._in_lease(token, outcome)
+                if data_lease is None and spec.one_reply:
+                    raise PoolExhausted(
+                        f"the output ({outcome.size_bytes} bytes) is too large for one reply "
+                        "and no lease has room for it; use Encode for outputs this large"
+                    )
             if not inline and data_lease is None:
                 for offset, data in outcome.read_chunks(CHUNK_SIZE):
                     yield Chunk(offset, data)
@@ -418,6 +426,13 @@ async def _relay(
                 raise error
     while not events.empty():
         yield events.get_nowait()
+
+
+def _inline_max(spec: EncodeSpec) -> int:
+    """The largest bytes output that travels inside the result (-1: none does)."""
+    if spec.one_reply:
+        return ONE_REPLY_DATA_MAX
+    return CHUNK_SIZE if spec.data_in_result else -1
 
 
 __all__ = ["Attachment", "Sidecar", "StatusReport"]

@@ -13,6 +13,7 @@ INVALID_ARGUMENT, instead of grpc's UNKNOWN.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import secrets
@@ -167,6 +168,25 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.EncodeEvent]:
         received_at = time.perf_counter()
+        request_id, events = self._whole(request, received_at, one_reply=False)
+        async for event in self._relay(request_id, received_at, context, events):
+            yield event
+
+    async def EncodeOnce(
+        self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.EncodeResult:
+        received_at = time.perf_counter()
+        request_id, events = self._whole(request, received_at, one_reply=True)
+        result = pb.EncodeResult()
+        async for event in self._relay(request_id, received_at, context, events):
+            if event.HasField("result"):  # progress is not sent: the result is the reply
+                result = event.result
+        return result
+
+    def _whole(
+        self, request: pb.EncodeRequest | Undecodable, received_at: float, *, one_reply: bool
+    ) -> tuple[str, Callable[[threading.Event], AsyncIterator[Any]]]:
+        """The request id to log under, and the domain events of a whole-video encode."""
         given = "" if isinstance(request, Undecodable) else request.request_id
         request_id = _request_id(given)
 
@@ -174,11 +194,10 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
             if isinstance(request, Undecodable):
                 raise request.refuse()
             check_request_id(given)
-            spec = encode_spec_from_proto(request, request_id)
+            spec = encode_spec_from_proto(request, request_id, one_reply=one_reply)
             return self.sidecar.encode(spec, received_at, stop)
 
-        async for event in self._relay(request_id, received_at, context, events):
-            yield event
+        return request_id, events
 
     async def EncodeStream(
         self, requests: AsyncIterator[pb.StreamRequest], context: grpc.aio.ServicerContext
@@ -246,26 +265,38 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         finally:
             if deadline is not None:
                 deadline.cancel()
-            seconds = time.perf_counter() - received_at
-            log.info(
-                "encode request_id=%s status=%s frames=%d bytes=%d ms=%.1f%s",
-                request_id,
-                outcome,
-                frames,
-                size,
-                seconds * 1e3,
-                f" error={error!r}" if error else "",
-                extra={
-                    "request_id": request_id,
-                    "status": outcome,
-                    "frames": frames,
-                    "bytes": size,
-                    "ms": round(seconds * 1e3, 1),
-                    **({"error": error} if error else {}),
-                },
+            report = functools.partial(
+                self._report, request_id, outcome, error, frames, size, received_at
             )
-            if self.observer is not None:
-                self.observer(outcome, seconds, frames, size)
+            if outcome == "OK":  # after the reply has gone: the client need not wait for it
+                asyncio.get_running_loop().call_soon(report)
+            else:
+                report()
+
+    def _report(
+        self, request_id: str, outcome: str, error: str, frames: int, size: int, since: float
+    ) -> None:
+        """The encode's log line and metrics."""
+        seconds = time.perf_counter() - since
+        log.info(
+            "encode request_id=%s status=%s frames=%d bytes=%d ms=%.1f%s",
+            request_id,
+            outcome,
+            frames,
+            size,
+            seconds * 1e3,
+            f" error={error!r}" if error else "",
+            extra={
+                "request_id": request_id,
+                "status": outcome,
+                "frames": frames,
+                "bytes": size,
+                "ms": round(seconds * 1e3, 1),
+                **({"error": error} if error else {}),
+            },
+        )
+        if self.observer is not None:
+            self.observer(outcome, seconds, frames, size)
 
 
 def _request_id(given: str) -> str:

@@ -115,9 +115,23 @@ ranges = st.builds(
     path=st.one_of(st.none(), HOSTILE_PATHS),
     container=st.integers(-2, 6),
     data_in=st.tuples(st.booleans(), st.booleans()),
+    once=st.booleans(),
 )
 def test_encode_descriptors(
-    stub, width, height, fmt, fps, pieces, codec, crf, preset, threads, path, container, data_in
+    stub,
+    width,
+    height,
+    fmt,
+    fps,
+    pieces,
+    codec,
+    crf,
+    preset,
+    threads,
+    path,
+    container,
+    data_in,
+    once,
 ) -> None:  # type: ignore[no-untyped-def]
     s, token = stub
     lease = s.Lease(pb.LeaseRequest(client_token=token, size=LEASE, wait_ms=5000))
@@ -148,7 +162,7 @@ def test_encode_descriptors(
         data_in_result=data_in[0],
         data_in_lease=data_in[1],  # outputs this small come in the result or in chunks
     )
-    code = call(s.Encode, request)
+    code = call(s.EncodeOnce if once else s.Encode, request)
     COUNTS[code.name] += 1
     assert code in ACCEPTABLE, (code, request)
     if code == grpc.StatusCode.OK:
@@ -316,6 +330,7 @@ METHODS = {
     "Release": "unary_unary",
     "Status": "unary_unary",
     "Encode": "unary_stream",
+    "EncodeOnce": "unary_unary",
     "EncodeStream": "stream_stream",
 }
 
@@ -395,11 +410,16 @@ def test_raw_bytes(daemon: Daemon, stub, method: str, data) -> None:  # type: ig
         elif method.startswith("Encode"):
             code = grpc.StatusCode.OK
             try:
-                for reply in fn(iter(messages) if method == "EncodeStream" else messages[0]):
+                if method == "EncodeOnce":
+                    results = [pb.EncodeResult.FromString(fn(messages[0], timeout=30))]
+                else:
+                    replies = fn(iter(messages) if method == "EncodeStream" else messages[0])
+                    results = [pb.EncodeEvent.FromString(reply).result for reply in replies]
+                for result in results:
                     # A flipped byte can ask for a spare lease: give it back too.
-                    spare = pb.EncodeEvent.FromString(reply).result.next_lease.lease_id
-                    if spare:
-                        call(s.Release, pb.ReleaseRequest(client_token=token, lease_id=spare))
+                    for spare in (result.next_lease.lease_id, result.data_lease.lease_id):
+                        if spare:
+                            call(s.Release, pb.ReleaseRequest(client_token=token, lease_id=spare))
             except grpc.RpcError as err:
                 code = err.code()
         else:

@@ -303,9 +303,10 @@ def test_warm_encoders_change_nothing_but_time(make_daemon, video: np.ndarray) -
 def test_outputs_come_in_the_result_or_in_a_lease(
     daemon: Daemon, connect, monkeypatch: pytest.MonkeyPatch, asked: bool
 ) -> None:
-    """With `data_in_result` (the client always sets it) a small output saves a reply:
-    it comes in the result. With `data_in_lease` (set when frames go through leases) a
-    large one comes back through shared memory. A client that did not ask gets chunks."""
+    """Encode, the reply stream (a caller that wants progress gets it): with
+    `data_in_result` (the client always sets it) a small output saves a reply: it comes
+    in the result. With `data_in_lease` (set when frames go through leases) a large one
+    comes back through shared memory. A client that did not ask gets chunks."""
     from client._options import EncodeOptions
     from client._results import ResultBuilder
 
@@ -317,7 +318,8 @@ def test_outputs_come_in_the_result_or_in_a_lease(
         if kind == "result":
             kind += "+data" if event.result.data else ""
             kind += "+lease" if event.result.HasField("data_lease") else ""
-        kinds.append(kind)
+        if kind != "progress":
+            kinds.append(kind)
         return feed(self, event)
 
     def asking(self: EncodeOptions, *args: Any, **kwargs: Any) -> Any:
@@ -330,11 +332,12 @@ def test_outputs_come_in_the_result_or_in_a_lease(
     small = moving_pattern(4, 64, 96)
     rng = np.random.default_rng(7)
     large = rng.integers(0, 256, (12, 256, 320, 3), dtype=np.uint8)  # lossless noise: > 1 MiB
+    progress = {"on_progress": lambda done, total: None}
     with connect(daemon) as c:
-        small_out = c.encode(small).data
+        small_out = c.encode(small, **progress).data
         assert kinds == (["result+data"] if asked else ["chunk", "result"])
         kinds.clear()
-        large_out = c.encode(large, crf=0).data
+        large_out = c.encode(large, crf=0, **progress).data
         assert large_out is not None and len(large_out) > 1024 * 1024
         if asked:
             assert kinds == ["result+lease"]
@@ -345,6 +348,79 @@ def test_outputs_come_in_the_result_or_in_a_lease(
     frames, _ = decode(small_out or b"")
     assert len(frames) == 4 and psnr(frames, small) > 35
     assert len(decode(large_out)[0]) == 12
+
+
+def _recording_results(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """How each result reaches the client: "stream" for a reply of Encode's stream, then
+    where its output was: "data" (inside the result), "lease", or "none" (a file)."""
+    from client._results import ResultBuilder
+
+    seen: list[str] = []
+    feed, take = ResultBuilder.feed, ResultBuilder.take_result
+
+    def recording_feed(self: ResultBuilder, event: Any) -> bytes | None:
+        seen.append("stream")
+        return feed(self, event)
+
+    def recording_take(self: ResultBuilder, result: Any) -> None:
+        lease = result.HasField("data_lease")
+        seen.append("lease" if lease else "data" if result.data else "none")
+        take(self, result)
+
+    monkeypatch.setattr(ResultBuilder, "feed", recording_feed)
+    monkeypatch.setattr(ResultBuilder, "take_result", recording_take)
+    return seen
+
+
+def test_a_clip_without_progress_gets_one_reply(
+    daemon: Daemon, connect, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EncodeOnce: a caller that wants no progress and no chunks gets the result as the
+    one reply of a unary call, its output inside even past 1 MiB; a file output too."""
+    seen = _recording_results(monkeypatch)
+    small = moving_pattern(4, 64, 96)
+    noise = np.random.default_rng(5).integers(0, 256, (12, 256, 320, 3), dtype=np.uint8)
+    with connect(daemon) as c:
+        small_out = c.encode(small).data
+        large_out = c.encode(noise, crf=0).data  # lossless noise: > 1 MiB
+        saved = c.encode(small, path="once/clip.mp4", overwrite=True)
+        fmp4 = c.encode(small, container="fmp4").data
+        status = c.status()
+    assert seen == ["data", "data", "none", "data"]
+    assert large_out is not None and len(large_out) > 1024 * 1024
+    assert len(decode(large_out)[0]) == 12
+    for out in (small_out, fmp4, Path(saved.path or "").read_bytes()):
+        frames, _ = decode(out or b"")
+        assert len(frames) == 4 and psnr(frames, small) > 35
+    assert status.pool["active_leases"] == 1  # the spare, nothing else
+
+
+def test_one_reply_past_7_mib_comes_in_a_lease_or_fails_cleanly(
+    make_daemon, connect, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """The client keeps EncodeOnce to clips whose output cannot come near one message;
+    asked anyway, the daemon puts a larger output in a lease, and without room for one
+    fails with RESOURCE_EXHAUSTED, frees every lease and keeps serving."""
+    import client._encode
+    from client import ResourceExhausted
+
+    monkeypatch.setattr(client._encode, "ONCE_MAX_BYTES", 1 << 40)
+    seen = _recording_results(monkeypatch)
+    noise = np.random.default_rng(9).integers(0, 256, (6, 720, 1280, 3), dtype=np.uint8)
+    with connect(make_daemon()) as c:  # 16 MiB slabs: the ~9 MB output fits one
+        out = c.encode(noise, crf=0, preset="ultrafast").data
+        status = c.status()
+    assert seen == ["lease"] and out is not None and len(out) > 7 * 1024 * 1024
+    assert len(decode(out)[0]) == 6
+    assert status.pool["active_leases"] == 1
+    seen.clear()
+    small = make_daemon(slabs=16, slab_size="4MiB")  # no lease holds the output
+    with connect(small) as c:
+        with pytest.raises(ResourceExhausted, match="too large for one reply"):
+            c.encode(noise, crf=0, preset="ultrafast")
+        assert c.status().pool["active_leases"] <= 1  # the spare at most
+        again = c.encode(moving_pattern(2, 64, 96)).data
+    assert len(decode(again or b"")[0]) == 2
 
 
 def test_an_output_larger_than_a_slab_comes_in_chunks(make_daemon, connect) -> None:  # type: ignore[no-untyped-def]

@@ -55,6 +55,11 @@ class VideoSidecarStub:
                 request_serializer=video__sidecar_dot_v1_dot_sidecar__pb2.EncodeRequest.SerializeToString,
                 response_deserializer=video__sidecar_dot_v1_dot_sidecar__pb2.EncodeEvent.FromString,
                 _registered_method=True)
+        self.EncodeOnce = channel.unary_unary(
+                '/video_sidecar.v1.VideoSidecar/EncodeOnce',
+                request_serializer=video__sidecar_dot_v1_dot_sidecar__pb2.EncodeRequest.SerializeToString,
+                response_deserializer=video__sidecar_dot_v1_dot_sidecar__pb2.EncodeResult.FromString,
+                _registered_method=True)
         self.EncodeStream = channel.stream_stream(
                 '/video_sidecar.v1.VideoSidecar/EncodeStream',
                 request_serializer=video__sidecar_dot_v1_dot_sidecar__pb2.StreamRequest.SerializeToString,
@@ -105,6 +110,19 @@ class VideoSidecarServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EncodeOnce(self, request, context):
+        """EncodeOnce is Encode answered in one reply, its result: no progress events, no
+        chunks. It saves a stream's extra round of messages, which a short clip notices. A
+        bytes output comes inside the result (`data`) up to 7 MiB, else in a lease granted
+        to the client (`data_lease`, whatever `data_in_lease` says); when the pool has no
+        room for that either, the call fails with RESOURCE_EXHAUSTED and the output is lost.
+        Clients use it for clips whose output cannot come near that size, and Encode for
+        the rest.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def EncodeStream(self, request_iterator, context):
         """EncodeStream is one encode fed chunk by chunk: a header, then ordered chunks (frames in
         a lease, or inline bytes when shared memory is out of reach), then an end message. One
@@ -145,6 +163,11 @@ def add_VideoSidecarServicer_to_server(servicer, server):
                     servicer.Encode,
                     request_deserializer=video__sidecar_dot_v1_dot_sidecar__pb2.EncodeRequest.FromString,
                     response_serializer=video__sidecar_dot_v1_dot_sidecar__pb2.EncodeEvent.SerializeToString,
+            ),
+            'EncodeOnce': grpc.unary_unary_rpc_method_handler(
+                    servicer.EncodeOnce,
+                    request_deserializer=video__sidecar_dot_v1_dot_sidecar__pb2.EncodeRequest.FromString,
+                    response_serializer=video__sidecar_dot_v1_dot_sidecar__pb2.EncodeResult.SerializeToString,
             ),
             'EncodeStream': grpc.stream_stream_rpc_method_handler(
                     servicer.EncodeStream,
@@ -265,6 +288,33 @@ class VideoSidecar:
             '/video_sidecar.v1.VideoSidecar/Encode',
             video__sidecar_dot_v1_dot_sidecar__pb2.EncodeRequest.SerializeToString,
             video__sidecar_dot_v1_dot_sidecar__pb2.EncodeEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EncodeOnce(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/video_sidecar.v1.VideoSidecar/EncodeOnce',
+            video__sidecar_dot_v1_dot_sidecar__pb2.EncodeRequest.SerializeToString,
+            video__sidecar_dot_v1_dot_sidecar__pb2.EncodeResult.FromString,
             options,
             channel_credentials,
             insecure,
