@@ -164,14 +164,21 @@ def threading_for(frames: int, height: int, cores: int) -> tuple[int, str]:
 
     Frame threads need frames to work on: a short clip gets slice threads instead (each
     frame split across cores, at least three macroblock rows a slice), a long one frame
-    threads, never more than it has frames. One frame thread a core: two were faster on a
-    2-core machine but 30-45% slower on 16 cores at 1344x768x122
-    (bench/results/2026-11-30-h200-frame-threads-ab.json).
+    threads (`frame_threads`), never more than it has frames.
     """
     if frames <= SHORT_CLIP_FRAMES:
         rows = (height + 15) // 16
         return max(1, min(cores, rows // 3)), "SLICE"
-    return max(1, min(cores, frames)), "FRAME"
+    return max(1, min(frame_threads(cores), frames)), "FRAME"
+
+
+def frame_threads(cores: int) -> int:
+    """x264 frame threads for one stream with `cores` to itself: one a core up to four
+    cores, three in four past that, leaving the rest to the thread that feeds it frames
+    and muxes its packets, and to the daemon around it. On 16 cores 12 threads encoded
+    1344x768x122 11-12% faster than 16 (bench/results/2026-11-30-h200-threads-ab.md); 32
+    were 30-45% slower (-frame-threads-ab.json). On 2 cores two were faster than one."""
+    return cores if cores <= 4 else cores - cores // 4
 
 
 def container_options(

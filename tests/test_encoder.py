@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from client.patterns import moving_pattern
-from sidecar.encoder import CodecSpec, VideoEncoder
+from sidecar.encoder import CodecSpec, VideoEncoder, frame_threads, threading_for
 from sidecar.errors import InvalidRequest
 from sidecar.frames import Limits, check_geometry
 
@@ -83,3 +83,14 @@ def test_bad_option_value_is_an_invalid_request(tmp_path: Path) -> None:
             str(tmp_path / "x.mp4"), geometry, CodecSpec(extra=(("crf", "abc"),)).resolve(), 1
         )
     assert not os.path.exists(tmp_path / "x.mp4") or os.path.getsize(tmp_path / "x.mp4") == 0
+
+
+def test_threads_for_short_and_long_clips() -> None:
+    """Slice threads for a short clip (three macroblock rows a slice at least); frame
+    threads for a long one, one a core on a few cores, three in four on more."""
+    assert [frame_threads(c) for c in (1, 2, 4, 8, 16, 32)] == [1, 2, 4, 6, 12, 24]
+    assert threading_for(122, 768, 16) == (12, "FRAME")
+    assert threading_for(122, 768, 2) == (2, "FRAME")
+    assert threading_for(10, 768, 16) == (10, "FRAME")  # never more threads than frames
+    assert threading_for(4, 768, 16) == (16, "SLICE")
+    assert threading_for(4, 64, 16) == (1, "SLICE")
