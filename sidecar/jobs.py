@@ -74,6 +74,7 @@ class EncodeJob:
         # Shared with the transport, which sets it when the client goes away.
         self._cancel = cancel if cancel is not None else threading.Event()
         self.threads = plan.threads  # settled when the job runs
+        self.cores = plan.threads
         self.thread_type = "FRAME"
         self._started = False
         self._writer: ChunkWriter | None = None  # fragmented MP4 streamed back
@@ -104,16 +105,25 @@ class EncodeJob:
     # -- the run -------------------------------------------------------------------------
 
     def run(
-        self, threads: int, thread_type: str, queue_s: float = 0.0, *, fixed: bool = False
+        self,
+        threads: int,
+        thread_type: str,
+        queue_s: float = 0.0,
+        *,
+        fixed: bool = False,
+        cores: int = 0,
     ) -> EncodeOutcome:
-        """Encode to the end. `threads` is a share of the cores, or (`fixed`) a count the
-        request or the configuration asked for, which a ready encoder must match."""
+        """Encode to the end. `threads` is what a share of the cores calls for, or
+        (`fixed`) a count the request or the configuration asked for, which a ready
+        encoder must match. `cores` is that share (default: `threads`): parallel segments
+        divide it among themselves."""
         plan = self.plan
         memfd: int | None = None
         encoder: VideoEncoder | None = None
         error: BaseException | None = None
         self._started = True
         self.threads, self.thread_type, self._fixed_threads = threads, thread_type, fixed
+        self.cores = cores or threads
         if self._processes is not None and self.for_processes:
             outcome = self._run_elsewhere(self._processes, queue_s)
             if outcome is not None:
@@ -308,7 +318,7 @@ class EncodeJob:
         pieces, end = self._feed.drain()
         frame_at = frame_lookup([self._frames_of(piece) for piece in pieces])
         done = encode_segments(
-            encoder, frame_at, segments, self.threads, lambda: self.stopped, progress.reach
+            encoder, frame_at, segments, self.cores, lambda: self.stopped, progress.reach
         )
         for piece in pieces:  # every frame is encoded (or, if not, each is, now)
             if not done:
@@ -351,7 +361,7 @@ class EncodeJob:
         plan = self.plan
         if not plan.frames_total or plan.codec.choice.encoder not in SEGMENTABLE:
             return [(0, plan.frames_total)]
-        return plan_segments(plan.frames_total, self.threads, keyframe_interval(plan.codec))
+        return plan_segments(plan.frames_total, self.cores, keyframe_interval(plan.codec))
 
     @property
     def warmable(self) -> bool:

@@ -91,9 +91,9 @@ class Scheduler:
             job.abandon()  # a job that never ran still owns its leases
 
     async def _run_in_thread(self, job: EncodeJob, queue_s: float) -> EncodeOutcome:
-        threads, thread_type = self.threading(job)
+        threads, thread_type, cores = self.threading(job)
         fixed = bool(job.plan.threads or self.encoder_threads)
-        run = functools.partial(job.run, threads, thread_type, queue_s, fixed=fixed)
+        run = functools.partial(job.run, threads, thread_type, queue_s, fixed=fixed, cores=cores)
         future = asyncio.get_running_loop().run_in_executor(self._executor, run)
         try:
             return await asyncio.shield(future)
@@ -106,11 +106,12 @@ class Scheduler:
                     await future
             raise
 
-    def threading(self, job: EncodeJob) -> tuple[int, str]:
-        """Threads for a job: the request's or config's count, else a share of the cores."""
+    def threading(self, job: EncodeJob) -> tuple[int, str, int]:
+        """(threads, thread_type, cores) for a job: the request's or config's count, else
+        what a share of the cores calls for; and the share, which segments divide."""
         # A stream's length is unknown: treat it as long (frame threads).
         frames, height = job.plan.frames_total or 1 << 20, job.plan.geometry.height
         asked = job.plan.threads or self.encoder_threads
         share = asked or cpu_count() // max(1, self.active)
         threads, thread_type = threading_for(frames, height, share)
-        return (asked or threads), thread_type  # an explicit count is honoured as given
+        return (asked or threads), thread_type, share  # an explicit count is honoured as given
