@@ -52,6 +52,19 @@ def plan_segments(frames: int, cores: int, keyint: int) -> list[tuple[int, int]]
     return list(itertools.pairwise(edges))
 
 
+def thread_shares(threads: int, lengths: list[int]) -> list[int]:
+    """`threads` divided among segments of `lengths` frames, in proportion, at least one
+    each, so that they finish together: cuts fall on whole GOPs, so 362 frames make
+    segments of 250 and 112, and an even split left the shorter one's threads idle while
+    the longer one still ran."""
+    total = sum(lengths)
+    shares = [max(1, threads * n // total) for n in lengths]
+    for _ in range(threads - sum(shares)):  # what rounding left: the most frames a thread
+        i = max(range(len(lengths)), key=lambda k: lengths[k] / shares[k])
+        shares[i] += 1
+    return shares
+
+
 def keyframe_interval(codec: ResolvedCodec) -> int:
     """The largest GOP a single pass of `codec` makes: where it starts a new one anyway."""
     params = split_params(codec.options.get(codec.choice.encoder[3:] + "-params", ""))
@@ -119,8 +132,8 @@ def encode_segments(
 ) -> bool:
     """Encode `segments` at once and mux them in order; False (nothing done) when the
     segment encoders would not share the stream's headers."""
-    each = max(1, threads // len(segments))
-    first = SegmentCoder(encoder, each)
+    shares = thread_shares(threads, [stop - start for start, stop in segments])
+    first = SegmentCoder(encoder, shares[0])
     if first.extradata != encoder.extradata:
         return False
     failed = threading.Event()
@@ -130,7 +143,7 @@ def encode_segments(
 
     def encode(index: int, start: int, stop: int) -> list[Any]:
         # The others open in their own threads: the first segment encodes meanwhile.
-        coder = first if index == 0 else SegmentCoder(encoder, each)
+        coder = first if index == 0 else SegmentCoder(encoder, shares[index])
         if coder.extradata != encoder.extradata:  # same settings: never expected
             raise RuntimeError("segment encoders disagree on the stream headers")
         return coder.encode(frame_at, start, stop, halt)

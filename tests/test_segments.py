@@ -10,7 +10,7 @@ import pytest
 
 from client.patterns import moving_pattern
 from sidecar.encoder import CodecSpec
-from sidecar.segments import keyframe_interval, plan_segments
+from sidecar.segments import keyframe_interval, plan_segments, thread_shares
 
 from .helpers import decode, psnr
 
@@ -81,3 +81,12 @@ def test_segments_carry_audio(make_daemon) -> None:  # type: ignore[no-untyped-d
         v, a = container.streams.video[0], container.streams.audio[0]
         assert v.frames == 144
         assert abs(float(a.duration * a.time_base) - 6.0) < 0.05
+
+
+def test_threads_follow_the_frames() -> None:
+    """Each segment's threads in proportion to its frames: they finish together."""
+    assert thread_shares(16, [250, 112]) == [11, 5]
+    assert thread_shares(16, [100, 100]) == [8, 8]
+    assert thread_shares(8, [250, 250, 10]) == [4, 3, 1]
+    assert thread_shares(2, [250, 112]) == [1, 1]  # at least one each
+    assert sum(thread_shares(13, [60, 70, 80, 90])) == 13
