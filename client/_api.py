@@ -180,6 +180,10 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
                 total is the video's length from the first call.
             timeout: seconds for the whole call (a gRPC deadline); None for the client's.
 
+        Without `on_chunk` and `on_progress`, a clip of at most 4 MiB as 4:2:0 pictures
+        (or one written to `path`) is one unary `EncodeOnce` call, its output inside the
+        reply; anything else is `Encode`, a reply stream.
+
         Returns:
             An `EncodeResult`: `data` or `path`, frames, duration, size and timings.
 
