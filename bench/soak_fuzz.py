@@ -120,7 +120,7 @@ class Fuzzer:
                 if one.HasField("data_lease"):  # an output to read, then free
                     spares.append(one.data_lease.lease_id)
             code = "OK"
-            for lease_id in spares:  # granted with the result: must be ours to give back
+            for lease_id in dict.fromkeys(spares):  # granted with the result: ours to give back
                 if self.release(lease_id, "release-next") != "OK":
                     self.problems.append("(c) a lease granted with a result was not releasable")
         except grpc.RpcError as err:
@@ -206,6 +206,7 @@ class Fuzzer:
         request.output.container = CONTAINERS[container]  # type: ignore[assignment]
         request.next_lease_bytes = r.choice([0, 0, LEASE])
         request.data_in_result, request.data_in_lease = r.random() < 0.5, r.random() < 0.5
+        request.data_in_next_lease = r.random() < 0.5
         if r.random() < 0.3:
             request.output.file.path = f"soak/{self.seed}-{r.randrange(20)}.{container}"
             request.output.file.overwrite = r.random() < 0.7

@@ -152,7 +152,8 @@ def _call_encode(
     if builder.data_lease is not None:  # the output came back through shared memory
         lease = core.leased(builder.data_lease)
         builder.take_from_lease(lease.array)
-        yield from core.give_back([lease])
+        if not builder.data_in_next_lease:  # else it is the spare, kept below
+            yield from core.give_back([lease])
     clock.stop()
     yield from core.keep_spare(builder.next_lease, asked_at)
     return builder.result(clock)

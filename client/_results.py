@@ -100,6 +100,12 @@ class ResultBuilder:
         return None
 
     @property
+    def data_in_next_lease(self) -> bool:
+        """The output came in the lease granted for the next request."""
+        lease, spare = self.data_lease, self.next_lease
+        return lease is not None and spare is not None and lease.lease_id == spare.lease_id
+
+    @property
     def has_result(self) -> bool:
         return self._result is not None
 

@@ -171,6 +171,7 @@ def encode_spec_from_proto(
         data_in_result=request.data_in_result,
         data_in_lease=request.data_in_lease,
         one_reply=one_reply,
+        data_in_next_lease=request.data_in_next_lease,
         output=output_from_proto(request.output, request.HasField("output")),
         audio=audio_from_proto(request.HasField("audio"), request.audio, request.audio_data),
     )

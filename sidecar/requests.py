@@ -61,6 +61,7 @@ class EncodeSpec:
     data_in_result: bool = False  # a one-chunk bytes output may travel in the result
     data_in_lease: bool = False  # a larger one, in a lease granted to the client
     one_reply: bool = False  # EncodeOnce: the result is the only reply, output inside it
+    data_in_next_lease: bool = False  # an output may go back in the next request's lease
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,8 @@ from .warm import WarmPool
 log = logging.getLogger(__name__)
 
 CHUNK_SIZE = 1024 * 1024  # bytes outputs travel in pieces well under gRPC's 4 MiB limit
+# Outputs over this go back in the client's next lease when it asks (data_in_next_lease).
+NEXT_LEASE_DATA_MIN = 64 * 1024
 # An EncodeOnce result's own bytes: one message, with room left for its other fields.
 ONE_REPLY_DATA_MAX = MAX_MESSAGE_BYTES - 1024 * 1024
 
@@ -280,10 +282,15 @@ class Sidecar:
                 yield event
             outcome = runner.result()
             spec = accepted.spec
-            inline = b""
-            if outcome.unsent and outcome.size_bytes <= _inline_max(spec):
+            inline, shared = b"", None
+            if reader is None and _in_next_lease(spec, outcome):
+                # The client's next frames go in the same lease, once it has the output.
+                size = spec.next_lease_bytes
+                data_lease = shared = await self._in_lease(token, outcome, size, spare=True)
+            unsent = outcome.unsent and data_lease is None  # not on its way back yet
+            if unsent and outcome.size_bytes <= _inline_max(spec):
                 inline = outcome.read_all()
-            elif outcome.unsent and (spec.data_in_lease or spec.one_reply):
+            elif unsent and (spec.data_in_lease or spec.one_reply):
                 data_lease = await self._in_lease(token, outcome)
                 if data_lease is None and spec.one_reply:
                     raise PoolExhausted(
@@ -294,7 +301,9 @@ class Sidecar:
                 for offset, data in outcome.read_chunks(CHUNK_SIZE):
                     yield Chunk(offset, data)
             next_bytes = reader.result() if reader is not None else spec.next_lease_bytes
-            yield self._result(accepted, job, outcome, received_at, next_bytes, inline, data_lease)
+            yield self._result(
+                accepted, job, outcome, received_at, next_bytes, inline, data_lease, shared
+            )
             data_lease = None  # the client's now
         except BaseException:
             if outcome is None:
@@ -314,15 +323,21 @@ class Sidecar:
             if data_lease is not None:  # the result never went: nobody will read it
                 self.leases.free([data_lease])
 
-    async def _in_lease(self, token: str, outcome: EncodeOutcome) -> Lease | None:
-        """A lease for `token` holding the bytes output, or None (no room: send chunks)."""
+    async def _in_lease(
+        self, token: str, outcome: EncodeOutcome, size: int = 0, *, spare: bool = False
+    ) -> Lease | None:
+        """A lease for `token` (of `size` bytes, else the output's) holding the bytes output
+        at its start, or None (no room: send it another way)."""
         try:
-            lease = self.leases.grant(token, outcome.size_bytes)
+            lease = self.leases.grant(token, size or outcome.size_bytes, spare=spare)
         except OutOfRange:  # larger than a slab
             return None
         if lease is None:
             return None
         region = self.slabset.slabs[lease.slab_id].array[lease.offset : lease.offset + lease.size]
+        if outcome.size_bytes <= CHUNK_SIZE:  # a small clip's: quicker than a thread hop
+            outcome.copy_into(region)
+            return lease
         # Off the event loop: a long video's output is tens of megabytes.
         copy = asyncio.ensure_future(asyncio.to_thread(outcome.copy_into, region))
         try:
@@ -344,10 +359,12 @@ class Sidecar:
         next_lease_bytes: int,
         data: bytes,
         data_lease: Lease | None,
+        next_lease: Lease | None = None,
     ) -> Result:
+        """The result; `next_lease` when the output already went into it (else one of
+        `next_lease_bytes` is granted now, if there is room)."""
         spec, plan = accepted.spec, accepted.plan
-        next_lease = None
-        if next_lease_bytes:
+        if next_lease is None and next_lease_bytes:
             with contextlib.suppress(OutOfRange):  # no room is no spare, not an error
                 next_lease = self.leases.grant(spec.client_token, next_lease_bytes, spare=True)
         self.stats.record_success(outcome.frames, outcome.size_bytes)
@@ -426,6 +443,13 @@ async def _relay(
                 raise error
     while not events.empty():
         yield events.get_nowait()
+
+
+def _in_next_lease(spec: EncodeSpec, outcome: EncodeOutcome) -> bool:
+    """Whether the output goes back in the lease the client's next frames will use: an
+    output too small is quicker inside the result."""
+    fits = NEXT_LEASE_DATA_MIN < outcome.size_bytes <= spec.next_lease_bytes
+    return spec.data_in_next_lease and outcome.unsent and fits
 
 
 def _inline_max(spec: EncodeSpec) -> int:

@@ -114,7 +114,7 @@ ranges = st.builds(
     threads=st.one_of(st.just(0), st.integers(0, 2**32 - 1)),
     path=st.one_of(st.none(), HOSTILE_PATHS),
     container=st.integers(-2, 6),
-    data_in=st.tuples(st.booleans(), st.booleans()),
+    data_in=st.tuples(st.booleans(), st.booleans(), st.booleans()),
     once=st.booleans(),
 )
 def test_encode_descriptors(
@@ -161,6 +161,7 @@ def test_encode_descriptors(
         output=output,
         data_in_result=data_in[0],
         data_in_lease=data_in[1],  # outputs this small come in the result or in chunks
+        data_in_next_lease=data_in[2],  # no next lease is asked for: no effect
     )
     code = call(s.EncodeOnce if once else s.Encode, request)
     COUNTS[code.name] += 1

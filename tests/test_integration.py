@@ -325,6 +325,7 @@ def test_outputs_come_in_the_result_or_in_a_lease(
     def asking(self: EncodeOptions, *args: Any, **kwargs: Any) -> Any:
         made = request(self, *args, **kwargs)
         made.data_in_result = made.data_in_lease = asked
+        made.data_in_next_lease = False  # its own test below
         return made
 
     monkeypatch.setattr(ResultBuilder, "feed", recording_feed)
@@ -377,6 +378,16 @@ def test_a_clip_without_progress_gets_one_reply(
 ) -> None:
     """EncodeOnce: a caller that wants no progress and no chunks gets the result as the
     one reply of a unary call, its output inside even past 1 MiB; a file output too."""
+    from client._options import EncodeOptions
+
+    request = EncodeOptions.request
+
+    def not_in_the_next_lease(self: EncodeOptions, *args: Any, **kwargs: Any) -> Any:
+        made = request(self, *args, **kwargs)
+        made.data_in_next_lease = False  # its own test below
+        return made
+
+    monkeypatch.setattr(EncodeOptions, "request", not_in_the_next_lease)
     seen = _recording_results(monkeypatch)
     small = moving_pattern(4, 64, 96)
     noise = np.random.default_rng(5).integers(0, 256, (12, 256, 320, 3), dtype=np.uint8)
@@ -392,6 +403,37 @@ def test_a_clip_without_progress_gets_one_reply(
     for out in (small_out, fmp4, Path(saved.path or "").read_bytes()):
         frames, _ = decode(out or b"")
         assert len(frames) == 4 and psnr(frames, small) > 35
+    assert status.pool["active_leases"] == 1  # the spare, nothing else
+
+
+def test_an_output_comes_back_in_the_next_lease(
+    daemon: Daemon, connect, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`data_in_next_lease`: an output over 64 KiB comes at the start of the lease granted
+    for the next request; the client copies it out and keeps that lease as its spare, so
+    back-to-back clips need no Release, and nothing more is held."""
+    from client._results import ResultBuilder
+
+    shared: list[bool] = []
+    take = ResultBuilder.take_result
+
+    def recording(self: ResultBuilder, result: Any) -> None:
+        take(self, result)
+        shared.append(self.data_in_next_lease)
+
+    monkeypatch.setattr(ResultBuilder, "take_result", recording)
+    noise = np.random.default_rng(11).integers(0, 256, (4, 128, 160, 3), dtype=np.uint8)
+    small = moving_pattern(4, 64, 96)  # an output of a few KiB: inside the result
+    with connect(daemon) as c:
+        outputs = [c.encode(noise, crf=0).data for _ in range(3)]
+        tiny = c.encode(small).data
+        status = c.status()
+    assert shared == [True, True, True, False]
+    assert outputs[0] is not None and len(outputs[0]) > 64 * 1024
+    assert outputs[0] == outputs[1] == outputs[2]  # the frames that followed did not touch it
+    frames, _ = decode(outputs[0])
+    assert len(frames) == 4 and np.array_equal(frames[0].shape, noise[0].shape)
+    assert len(decode(tiny or b"")[0]) == 4
     assert status.pool["active_leases"] == 1  # the spare, nothing else
 
 

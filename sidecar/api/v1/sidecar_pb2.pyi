@@ -274,7 +274,7 @@ class AudioRange(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
 
 class EncodeRequest(_message.Message):
-    __slots__ = ("client_token", "request_id", "video", "codec", "output", "next_lease_bytes", "audio", "audio_data", "data_in_result", "data_in_lease")
+    __slots__ = ("client_token", "request_id", "video", "codec", "output", "next_lease_bytes", "audio", "audio_data", "data_in_result", "data_in_lease", "data_in_next_lease")
     CLIENT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     VIDEO_FIELD_NUMBER: _ClassVar[int]
@@ -285,6 +285,7 @@ class EncodeRequest(_message.Message):
     AUDIO_DATA_FIELD_NUMBER: _ClassVar[int]
     DATA_IN_RESULT_FIELD_NUMBER: _ClassVar[int]
     DATA_IN_LEASE_FIELD_NUMBER: _ClassVar[int]
+    DATA_IN_NEXT_LEASE_FIELD_NUMBER: _ClassVar[int]
     client_token: str
     request_id: str
     video: VideoDescriptor
@@ -295,7 +296,8 @@ class EncodeRequest(_message.Message):
     audio_data: _containers.RepeatedCompositeFieldContainer[AudioData]
     data_in_result: bool
     data_in_lease: bool
-    def __init__(self, client_token: _Optional[str] = ..., request_id: _Optional[str] = ..., video: _Optional[_Union[VideoDescriptor, _Mapping]] = ..., codec: _Optional[_Union[CodecOptions, _Mapping]] = ..., output: _Optional[_Union[OutputSpec, _Mapping]] = ..., next_lease_bytes: _Optional[int] = ..., audio: _Optional[_Union[AudioSpec, _Mapping]] = ..., audio_data: _Optional[_Iterable[_Union[AudioData, _Mapping]]] = ..., data_in_result: _Optional[bool] = ..., data_in_lease: _Optional[bool] = ...) -> None: ...
+    data_in_next_lease: bool
+    def __init__(self, client_token: _Optional[str] = ..., request_id: _Optional[str] = ..., video: _Optional[_Union[VideoDescriptor, _Mapping]] = ..., codec: _Optional[_Union[CodecOptions, _Mapping]] = ..., output: _Optional[_Union[OutputSpec, _Mapping]] = ..., next_lease_bytes: _Optional[int] = ..., audio: _Optional[_Union[AudioSpec, _Mapping]] = ..., audio_data: _Optional[_Iterable[_Union[AudioData, _Mapping]]] = ..., data_in_result: _Optional[bool] = ..., data_in_lease: _Optional[bool] = ..., data_in_next_lease: _Optional[bool] = ...) -> None: ...
 
 class StreamHeader(_message.Message):
     __slots__ = ("client_token", "request_id", "width", "height", "pixel_format", "fps", "codec", "output", "audio", "audio_data")
