@@ -116,8 +116,9 @@ class ResultBuilder:
 
     def take_result(self, result: pb.EncodeResult) -> None:
         """The result: the last reply of a stream, or EncodeOnce's only one."""
-        if result.data:  # the output, sent with the result
-            self._take_chunk(result.data)
+        data = result.data  # each read of a bytes field is a copy
+        if data:  # the output, sent with the result
+            self._take_chunk(data)
         self._result = result
         if result.HasField("data_lease"):
             self.data_lease = result.data_lease
