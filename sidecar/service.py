@@ -282,27 +282,14 @@ class Sidecar:
                 yield event
             outcome = runner.result()
             spec = accepted.spec
-            inline, shared = b"", None
-            if reader is None and _in_next_lease(spec, outcome):
-                # The client's next frames go in the same lease, once it has the output.
-                size = spec.next_lease_bytes
-                data_lease = shared = await self._in_lease(token, outcome, size, spare=True)
-            unsent = outcome.unsent and data_lease is None  # not on its way back yet
-            if unsent and outcome.size_bytes <= _inline_max(spec):
-                inline = outcome.read_all()
-            elif unsent and (spec.data_in_lease or spec.one_reply):
-                data_lease = await self._in_lease(token, outcome)
-                if data_lease is None and spec.one_reply:
-                    raise PoolExhausted(
-                        f"the output ({outcome.size_bytes} bytes) is too large for one reply "
-                        "and no lease has room for it; use Encode for outputs this large"
-                    )
+            inline, data_lease, in_next = await self._hand_back(spec, outcome, reader is None)
             if not inline and data_lease is None:
                 for offset, data in outcome.read_chunks(CHUNK_SIZE):
                     yield Chunk(offset, data)
             next_bytes = reader.result() if reader is not None else spec.next_lease_bytes
+            next_lease = data_lease if in_next else None
             yield self._result(
-                accepted, job, outcome, received_at, next_bytes, inline, data_lease, shared
+                accepted, job, outcome, received_at, next_bytes, inline, data_lease, next_lease
             )
             data_lease = None  # the client's now
         except BaseException:
@@ -322,6 +309,33 @@ class Sidecar:
                 outcome.close()
             if data_lease is not None:  # the result never went: nobody will read it
                 self.leases.free([data_lease])
+
+    async def _hand_back(
+        self, spec: EncodeSpec, outcome: EncodeOutcome, whole: bool
+    ) -> tuple[bytes, Lease | None, bool]:
+        """How a bytes output goes back with the result: inside it, or in a lease granted
+        to the client (True: the one for its next request, `whole` encodes only); neither
+        means chunks before it (or nothing to send)."""
+        if not outcome.unsent:
+            return b"", None, False
+        token = spec.client_token
+        if whole and _in_next_lease(spec, outcome):
+            # The client's next frames go in the same lease, once it has the output.
+            lease = await self._in_lease(token, outcome, spec.next_lease_bytes, spare=True)
+            if lease is not None:
+                return b"", lease, True
+        if outcome.size_bytes <= _inline_max(spec):
+            return outcome.read_all(), None, False
+        if spec.data_in_lease or spec.one_reply:
+            lease = await self._in_lease(token, outcome)
+            if lease is not None:
+                return b"", lease, False
+            if spec.one_reply:
+                raise PoolExhausted(
+                    f"the output ({outcome.size_bytes} bytes) is too large for one reply "
+                    "and no lease has room for it; use Encode for outputs this large"
+                )
+        return b"", None, False
 
     async def _in_lease(
         self, token: str, outcome: EncodeOutcome, size: int = 0, *, spare: bool = False
@@ -449,7 +463,7 @@ def _in_next_lease(spec: EncodeSpec, outcome: EncodeOutcome) -> bool:
     """Whether the output goes back in the lease the client's next frames will use: an
     output too small is quicker inside the result."""
     fits = NEXT_LEASE_DATA_MIN < outcome.size_bytes <= spec.next_lease_bytes
-    return spec.data_in_next_lease and outcome.unsent and fits
+    return spec.data_in_next_lease and fits
 
 
 def _inline_max(spec: EncodeSpec) -> int:
