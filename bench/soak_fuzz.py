@@ -16,6 +16,7 @@ import argparse
 import json
 import mmap
 import os
+import queue
 import random
 import shutil
 import statistics
@@ -35,7 +36,10 @@ from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.launcher import DaemonProcess
 
 SERVICE = "/video_sidecar.v1.VideoSidecar/"
-METHODS = ["Attach", "Lease", "Release", "Status", "Encode", "EncodeOnce", "EncodeStream"]
+METHODS = [
+    "Attach", "Lease", "Release", "Status", "Encode", "EncodeOnce", "EncodeStream",
+    "EncodeSession",
+]  # fmt: skip
 LEASE = 64 * 1024
 FRAME = 64 * 64 * 3  # valid requests send rgb24 64x64
 SMALL: dict[str, Any] = {"width": 64, "height": 64, "pixel_format": pb.PIXEL_FORMAT_RGB24}
@@ -81,6 +85,43 @@ def chunk(**fields: Any) -> pb.StreamRequest:
     return pb.StreamRequest(chunk=pb.StreamChunk(**fields))
 
 
+CODE_OF = {code.value[0]: code for code in grpc.StatusCode}
+
+
+class ReplyError(grpc.RpcError):
+    """An EncodeSession request's error reply, as the status EncodeOnce would end with."""
+
+    def __init__(self, error: pb.SessionError) -> None:
+        self._code = CODE_OF.get(error.code, grpc.StatusCode.UNKNOWN)
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+
+class Session:
+    """An EncodeSession call kept open across requests, as the client keeps it; `raw`
+    sends bytes as given."""
+
+    def __init__(self, channel: grpc.Channel, raw: bool = False) -> None:
+        method = channel.stream_stream(
+            SERVICE + "EncodeSession",
+            request_serializer=None if raw else pb.EncodeRequest.SerializeToString,
+            response_deserializer=pb.SessionReply.FromString,
+        )
+        self.requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.replies = method(iter(self.requests.get, None))
+
+    def __call__(self, request: Any, timeout: float | None = None) -> pb.EncodeResult:
+        self.requests.put(request)
+        reply = next(self.replies)
+        if reply.HasField("error"):
+            raise ReplyError(reply.error)
+        return reply.result
+
+    def close(self) -> None:
+        self.requests.put(None)
+
+
 class Fuzzer:
     """One client thread: its own channel, token, slab mappings, random stream and tallies."""
 
@@ -98,10 +139,13 @@ class Fuzzer:
         self.offending: Counter[str] = Counter()
         self.problems: list[str] = []
         self.held: set[str] = set()
+        self.session, self.raw_session = Session(self.channel), Session(self.channel, raw=True)
 
     def close(self) -> None:
         for lease_id in sorted(self.held):
             self.release(lease_id, "cleanup")
+        self.session.close()
+        self.raw_session.close()
         self.channel.close()
         for m in self.maps.values():
             m.close()
@@ -180,8 +224,9 @@ class Fuzzer:
         self.settle("descriptor", lease.lease_id, code)
 
     def encode_method(self) -> Callable[..., Any]:
-        """Encode (a reply stream) or EncodeOnce (one reply), at random."""
-        return self.stub.EncodeOnce if self.r.random() < 0.5 else self.stub.Encode
+        """Encode (a reply stream), EncodeOnce (one reply) or a request on the kept
+        EncodeSession call, at random."""
+        return self.r.choice([self.stub.Encode, self.stub.EncodeOnce, self.session])
 
     def audio(self, target: pb.EncodeRequest | pb.StreamHeader) -> tuple[list[pb.AudioData], str]:
         r = self.r
@@ -288,6 +333,8 @@ class Fuzzer:
         elif method == "EncodeStream":
             bidi = self.channel.stream_stream(SERVICE + method)
             fn = lambda p, timeout: bidi(iter([p, payload]), timeout=timeout)  # noqa: E731
+        elif method == "EncodeSession":
+            fn = self.raw_session
         self.call(f"raw-{method}", fn, payload)
 
     def huge(self) -> None:

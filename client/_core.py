@@ -159,7 +159,19 @@ class ClientCore:
         # from before it was asked for.
         self._spare: tuple[Lease, float] | None = None
         self._spare_lock = threading.Lock()
-        self.encode_once = True  # False once a daemon without EncodeOnce said so
+        # One-reply ways this daemon has not refused as UNIMPLEMENTED (an older one).
+        self._one_reply_ways = {"EncodeSession", "EncodeOnce"}
+
+    def one_reply_way(self, deadline: float | None) -> str:
+        """How to ask for an encode answered in one reply: "EncodeSession" (a kept call;
+        it has no per-request deadline, so only without one), "EncodeOnce", or "" when
+        the daemon has neither (then `Encode`)."""
+        if deadline is None and "EncodeSession" in self._one_reply_ways:
+            return "EncodeSession"
+        return "EncodeOnce" if "EncodeOnce" in self._one_reply_ways else ""
+
+    def unimplemented(self, way: str) -> None:
+        self._one_reply_ways.discard(way)
 
     @property
     def unary_timeout(self) -> float:

@@ -12,10 +12,10 @@ from sidecar.api.v1 import sidecar_pb2 as pb
 
 from ._audio import Pcm, prepare_audio
 from ._core import ClientCore, copy_step, fits_in_pool, plan_ranges
-from ._errors import ServerError
+from ._errors import ServerError, error_from_session
 from ._options import EncodeOptions, VideoFormat, VideoGeometry
 from ._results import Clock, ResultBuilder
-from ._steps import Call, Replies, Steps, Work
+from ._steps import Call, Exchange, Replies, Steps, Work
 from ._stream import StreamCore
 from ._types import EncodeResult, FrameRange, Lease
 from ._video import VideoSource
@@ -136,19 +136,31 @@ def _call_encode(
     once: bool = False,
 ) -> Steps[EncodeResult]:
     """Ask for the encode and take the replies. `once`: the output is a file or cannot
-    come near EncodeOnce's 7 MiB, so a caller that wants no progress and no chunks gets
-    the result as the one reply of a unary call (a stream costs a round of messages
-    more: 0.3 ms of a 448x256x4 clip's 1.7 ms outside the daemon on the H200 host)."""
+    come near a one-reply result's 7 MiB, so a caller that wants no progress and no
+    chunks gets the result as one reply: on a kept EncodeSession call (no deadline), else
+    as an EncodeOnce call. A stream costs a round of messages more than EncodeOnce (0.3 ms
+    of a 448x256x4 clip's 1.7 ms outside the daemon on the H200 host), and EncodeOnce a
+    new call more than a kept session."""
     asked_at = time.monotonic()
-    if once and core.encode_once and not builder.wants_events:
+    deadline = timeout or core.timeout
+    while once and not builder.wants_events and not builder.has_result:
+        way = core.one_reply_way(deadline)
         try:
-            builder.take_result((yield Call("EncodeOnce", request, timeout or core.timeout)))
+            if way == "EncodeSession":
+                reply: pb.SessionReply = yield Exchange(request)
+                if reply.HasField("error"):
+                    raise error_from_session(reply.error)
+                builder.take_result(reply.result)
+            elif way == "EncodeOnce":
+                builder.take_result((yield Call("EncodeOnce", request, deadline)))
+            else:
+                break
         except ServerError as err:
             if err.code != grpc.StatusCode.UNIMPLEMENTED:
                 raise
-            core.encode_once = False  # an older daemon: it never saw the request
+            core.unimplemented(way)  # an older daemon: it never saw the request
     if not builder.has_result:
-        yield Replies(request, timeout or core.timeout, builder.feed)
+        yield Replies(request, deadline, builder.feed)
     if builder.data_lease is not None:  # the output came back through shared memory
         lease = core.leased(builder.data_lease)
         builder.take_from_lease(lease.array)

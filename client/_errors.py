@@ -29,6 +29,7 @@ from typing import Any
 
 import grpc
 
+from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.vocabulary import ERROR_KEY, Reason
 
 
@@ -132,6 +133,21 @@ def reason_in(trailing: Iterable[tuple[str, Any]] | None) -> Reason | None:
             except ValueError:
                 return None
     return None
+
+
+_CODE_OF_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+_REASON_NUMBERS = frozenset(v.number for v in pb.ErrorReason.DESCRIPTOR.values)
+
+
+def error_from_session(error: pb.SessionError) -> SidecarError:
+    """Translate a request's error sent as an EncodeSession reply into the client's tree."""
+    code = _CODE_OF_NUMBER.get(error.code, grpc.StatusCode.UNKNOWN)
+    name = pb.ErrorReason.Name(error.reason) if error.reason in _REASON_NUMBERS else ""
+    try:
+        reason: Reason | None = Reason(name.removeprefix("ERROR_REASON_"))
+    except ValueError:  # unspecified, or newer than this client
+        reason = None
+    return error_for(code, error.message or code.name, reason)
 
 
 def error_from_rpc(err: grpc.RpcError) -> SidecarError:

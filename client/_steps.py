@@ -1,10 +1,11 @@
 """Operations written once as steps, and the two ways of running them.
 
 Every operation of the client (attach, lease, encode, a stream's write...) is a generator
-of *steps* in the I/O-free core: it yields an `Op` (an RPC to make, host work to do, a
-lock to hold, an action on a stream call) and gets back the op's result, or has the op's
-error raised where it yielded. The core keeps all the logic (planning, leases, the spare
-lease, re-attaching, cleaning up on errors); a driver only performs ops:
+of *steps* in the I/O-free core: it yields an `Op` (an RPC to make, a request on a kept
+session, host work to do, a lock to hold, an action on a stream call) and gets back the
+op's result, or has the op's error raised where it yielded. The core keeps all the logic
+(planning, leases, the spare lease, re-attaching, cleaning up on errors); a driver only
+performs ops:
 `SidecarClient` blocking (`run_blocking`), `AsyncSidecarClient` awaiting (`run_awaiting`).
 psycopg 3 runs its protocol code, written as generators, the same way under its sync and
 async connections.
@@ -44,6 +45,14 @@ class Replies:
     request: pb.EncodeRequest
     timeout: float | None
     feed: Callable[[pb.EncodeEvent], object]
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One request on an EncodeSession call that the driver keeps open for the next one
+    (a call per request in flight, reused); the driver returns its `SessionReply`."""
+
+    request: pb.EncodeRequest
 
 
 @dataclass(frozen=True)
@@ -92,7 +101,7 @@ class OnStream:
     message: pb.StreamRequest | None = None
 
 
-Op = Call | Replies | Work | Exclusive | OpenStream | OnStream
+Op = Call | Replies | Exchange | Work | Exclusive | OpenStream | OnStream
 Steps = Generator[Op, Any, T]
 
 

@@ -13,7 +13,19 @@ from sidecar.api.v1 import sidecar_pb2 as pb
 
 from ._api import ClientApi
 from ._core import fork_generation, open_channel
-from ._steps import Call, Exclusive, OnStream, Op, OpenStream, Replies, Steps, Work, run_blocking
+from ._errors import SidecarUnavailable
+from ._steps import (
+    Call,
+    Exchange,
+    Exclusive,
+    OnStream,
+    Op,
+    OpenStream,
+    Replies,
+    Steps,
+    Work,
+    run_blocking,
+)
 from ._stream import StreamCore, StreamFace
 from ._types import Attachment, EncodeResult, Lease, Status
 
@@ -38,6 +50,7 @@ class SidecarClient(ClientApi[EncodeResult, "VideoStream"]):
         self._generation = fork_generation()
         self._channel, self._stubs = open_channel(grpc, self._core.target, self.credentials)
         self._lock = threading.Lock()
+        self._sessions = _Sessions(self._stubs["sidecar"])
 
     def _run(self, steps: Steps[T]) -> T:
         return run_blocking(steps, self._perform)
@@ -49,6 +62,8 @@ class SidecarClient(ClientApi[EncodeResult, "VideoStream"]):
             return op.run()
         if isinstance(op, Call):
             return getattr(self._stubs[op.service], op.method)(op.request, timeout=op.timeout)
+        if isinstance(op, Exchange):
+            return self._sessions.exchange(op.request)
         if isinstance(op, Replies):
             for event in self._stubs["sidecar"].Encode(op.request, timeout=op.timeout):
                 op.feed(event)
@@ -76,6 +91,7 @@ class SidecarClient(ClientApi[EncodeResult, "VideoStream"]):
         """Give back the spare lease, unmap the slabs, close the channel."""
         self._run(self._core.close())
         if self._generation == fork_generation():  # a parent's channel is left alone
+            self._sessions.close()
             self._channel.close()
 
     def attach(self, *, refresh: bool = False) -> Attachment:
@@ -161,3 +177,64 @@ class _StreamCall:
             self._call.cancel()
         self._requests.put(None)  # the end of the requests
         self._reader.join()
+
+
+class _Sessions:
+    """EncodeSession calls kept open between encodes: one per encode in flight, each
+    taken by one request at a time and put back after its reply."""
+
+    def __init__(self, stub: Any) -> None:
+        self._stub = stub
+        self._idle: list[_Session] = []
+        self._lock = threading.Lock()
+
+    def exchange(self, request: pb.EncodeRequest) -> pb.SessionReply:
+        session = self._take()
+        try:
+            reply = session.ask(request)
+        except BaseException:
+            session.end(cancel=True)  # in an unknown state: a reply may still come
+            raise
+        with self._lock:
+            self._idle.append(session)
+        return reply
+
+    def _take(self) -> _Session:
+        with self._lock:
+            while self._idle:
+                session = self._idle.pop()
+                if session.open:
+                    return session
+                session.end()  # the daemon ended it (restart, shutdown): a new call
+        return _Session(self._stub)
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for session in idle:
+            session.end()
+
+
+class _Session:
+    """One EncodeSession call: requests through a queue (gRPC's thread sends them),
+    replies read on the calling thread."""
+
+    def __init__(self, stub: Any) -> None:
+        self._requests: queue.SimpleQueue[pb.EncodeRequest | None] = queue.SimpleQueue()
+        self._replies = stub.EncodeSession(iter(self._requests.get, None))
+
+    @property
+    def open(self) -> bool:
+        return not self._replies.done()
+
+    def ask(self, request: pb.EncodeRequest) -> pb.SessionReply:
+        self._requests.put(request)
+        try:
+            return next(self._replies)  # type: ignore[no-any-return]
+        except StopIteration:  # ended by the daemon without reading it: it is shutting down
+            raise SidecarUnavailable("the daemon ended the session; it is shutting down") from None
+
+    def end(self, *, cancel: bool = False) -> None:
+        if cancel:
+            self._replies.cancel()
+        self._requests.put(None)  # the end of the requests; gRPC's sending thread stops

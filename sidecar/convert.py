@@ -217,23 +217,25 @@ def event_to_proto(event: Progress | Chunk | Result, lease_ttl: float) -> pb.Enc
         )
     if isinstance(event, Chunk):
         return pb.EncodeEvent(chunk=pb.OutputChunk(offset=event.offset, data=event.data))
-    return pb.EncodeEvent(
-        result=pb.EncodeResult(
-            request_id=event.request_id,
-            path=event.path,
-            size_bytes=event.size_bytes,
-            frames=event.frames,
-            duration_s=event.duration_s,
-            codec=event.codec,
-            container=event.container,
-            width=event.width,
-            height=event.height,
-            audio_samples=event.audio_samples,
-            timings=pb.StageTimings(**event.timings_ms),
-            next_lease=lease_to_proto(event.next_lease, lease_ttl) if event.next_lease else None,
-            data=event.data,
-            data_lease=lease_to_proto(event.data_lease, lease_ttl) if event.data_lease else None,
-        )
+    return pb.EncodeEvent(result=result_to_proto(event, lease_ttl))
+
+
+def result_to_proto(event: Result, lease_ttl: float) -> pb.EncodeResult:
+    return pb.EncodeResult(
+        request_id=event.request_id,
+        path=event.path,
+        size_bytes=event.size_bytes,
+        frames=event.frames,
+        duration_s=event.duration_s,
+        codec=event.codec,
+        container=event.container,
+        width=event.width,
+        height=event.height,
+        audio_samples=event.audio_samples,
+        timings=pb.StageTimings(**event.timings_ms),
+        next_lease=lease_to_proto(event.next_lease, lease_ttl) if event.next_lease else None,
+        data=event.data,
+        data_lease=lease_to_proto(event.data_lease, lease_ttl) if event.data_lease else None,
     )
 
 

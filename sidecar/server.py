@@ -61,6 +61,7 @@ class Server:
         self.sidecar = Sidecar(config)
         self.health = health.aio.HealthServicer()
         self._grpc: grpc.aio.Server | None = None
+        self._servicer: VideoSidecarServicer | None = None
         self.tcp_port = 0
         self._socket_path = Path(config.socket)
 
@@ -110,7 +111,8 @@ class Server:
                 metrics.serve(self.config.metrics)
                 observer = metrics.observe
                 log.info("metrics on http://%s/metrics", self.config.metrics)
-            add_to_server(VideoSidecarServicer(self.sidecar, observer), server)
+            self._servicer = VideoSidecarServicer(self.sidecar, observer)
+            add_to_server(self._servicer, server)
             health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
             reflection.enable_server_reflection(
                 (
@@ -151,6 +153,8 @@ class Server:
         sd_notify("STOPPING=1")
         await self.health.enter_graceful_shutdown()  # every service reports NOT_SERVING
         self.sidecar.stop_accepting()
+        if self._servicer is not None:
+            self._servicer.end_idle_sessions()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.shutdown_grace
         while self.sidecar.busy and not self.force_exit and loop.time() < deadline:

@@ -13,6 +13,7 @@ INVALID_ARGUMENT, instead of grpc's UNKNOWN.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import re
@@ -20,7 +21,7 @@ import secrets
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from functools import wraps
 from typing import Any, TypeVar
 
@@ -38,11 +39,13 @@ from .convert import (
     encode_spec_from_proto,
     event_to_proto,
     lease_to_proto,
+    result_to_proto,
     status_to_proto,
     stream_messages,
     stream_spec_from_proto,
 )
 from .errors import EncodeFailed, InvalidRequest, SidecarError
+from .events import Chunk, Progress
 from .requests import Result
 from .service import Sidecar
 from .vocabulary import ERROR_DOMAIN, ERROR_KEY, Reason
@@ -135,6 +138,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
     def __init__(self, sidecar: Sidecar, observer: Observer | None = None) -> None:
         self.sidecar = sidecar
         self.observer = observer  # e.g. Prometheus metrics
+        self._sessions = _Sessions()
 
     async def _fail(self, context: grpc.aio.ServicerContext, exc: SidecarError) -> None:
         code = status_of(exc)
@@ -162,15 +166,19 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         report = self.sidecar.status()
         return status_to_proto(report, errors_by_code(report.stats.errors))
 
-    # -- streaming -----------------------------------------------------------------------
+    # -- encodes -------------------------------------------------------------------------
 
     async def Encode(
         self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.EncodeEvent]:
         received_at = time.perf_counter()
         request_id, events = self._whole(request, received_at, one_reply=False)
-        async for event in self._relay(request_id, received_at, context, events):
-            yield event
+        with _stop_when_ended(context) as stop:
+            try:
+                async for event in self._relay(request_id, received_at, stop, events, context):
+                    yield event_to_proto(event, self.sidecar.config.lease_ttl)
+            except SidecarError as exc:
+                await self._fail(context, exc)
 
     async def EncodeOnce(
         self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
@@ -178,10 +186,43 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         received_at = time.perf_counter()
         request_id, events = self._whole(request, received_at, one_reply=True)
         result = pb.EncodeResult()
-        async for event in self._relay(request_id, received_at, context, events):
-            if event.HasField("result"):  # progress is not sent: the result is the reply
-                result = event.result
+        with _stop_when_ended(context) as stop:
+            try:
+                async for event in self._relay(request_id, received_at, stop, events, context):
+                    if isinstance(event, Result):  # progress is not sent: the result is the reply
+                        result = result_to_proto(event, self.sidecar.config.lease_ttl)
+            except SidecarError as exc:
+                await self._fail(context, exc)
         return result
+
+    async def EncodeSession(
+        self,
+        requests: AsyncIterator[pb.EncodeRequest | Undecodable],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.SessionReply]:
+        with _stop_when_ended(context) as stop:
+            async for request in self._sessions.requests(requests):
+                received_at = time.perf_counter()
+                request_id, events = self._whole(request, received_at, one_reply=True)
+                sent: list[Callable[[], None]] = []
+                reply = pb.SessionReply()
+                try:
+                    async for event in self._relay(request_id, received_at, stop, events, sent):
+                        if isinstance(event, Result):
+                            reply = pb.SessionReply(
+                                result=result_to_proto(event, self.sidecar.config.lease_ttl)
+                            )
+                except SidecarError as exc:  # the request's error, as its reply
+                    self.sidecar.record_error(exc)
+                    reply = pb.SessionReply(error=session_error(exc))
+                yield reply
+                for action in sent:
+                    action()
+
+    def end_idle_sessions(self) -> None:
+        """At shutdown: end every EncodeSession call between requests, and each other
+        one after its reply."""
+        self._sessions.end()
 
     def _whole(
         self, request: pb.EncodeRequest | Undecodable, received_at: float, *, one_reply: bool
@@ -220,40 +261,42 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
             spec = stream_spec_from_proto(header, request_id)
             return self.sidecar.stream(spec, stream_messages(requests), received_at, stop)
 
-        async for event in self._relay(request_id, received_at, context, events):
-            yield event
+        with _stop_when_ended(context) as stop:
+            try:
+                async for event in self._relay(request_id, received_at, stop, events, context):
+                    yield event_to_proto(event, self.sidecar.config.lease_ttl)
+            except SidecarError as exc:
+                await self._fail(context, exc)
 
     async def _relay(
         self,
         request_id: str,
         received_at: float,
-        context: grpc.aio.ServicerContext,
+        stop: threading.Event,
         events: Callable[[threading.Event], AsyncIterator[Any]],
-    ) -> AsyncIterator[pb.EncodeEvent]:
-        """Turn domain events into replies, and a domain error into its status, once."""
+        sent: grpc.aio.ServicerContext | list[Callable[[], None]],
+    ) -> AsyncIterator[Progress | Chunk | Result]:
+        """An encode's domain events, its log line and metrics. A domain error is raised
+        once recorded, and a bug of ours as EncodeFailed: the caller sends it, as a status
+        or a reply. A result's `after` goes to `sent`: the call's done-callbacks, or a list
+        run once the reply has gone."""
         outcome = "CANCELLED"  # ended before its result: the client went away
         error = ""
         frames = size = 0
-        # The RPC ending early (client gone, deadline passed) stops the encoder.
-        stop = threading.Event()
-        context.add_done_callback(lambda _context: stop.set())
-        remaining = context.time_remaining()
-        deadline = (
-            asyncio.get_running_loop().call_later(max(0.0, remaining), stop.set)
-            if remaining is not None
-            else None
-        )
         try:
             async for event in events(stop):
                 if isinstance(event, Result):
                     outcome, frames, size = "OK", event.frames, event.size_bytes
                     if event.after is not None:  # once the answer has gone out
-                        context.add_done_callback(_run(event.after))
-                yield event_to_proto(event, self.sidecar.config.lease_ttl)
+                        if isinstance(sent, list):
+                            sent.append(event.after)
+                        else:
+                            sent.add_done_callback(_run(event.after))
+                yield event
         except SidecarError as exc:
             outcome = status_of(exc).name
             error = str(exc)
-            await self._fail(context, exc)
+            raise
         except asyncio.CancelledError:
             outcome = "CANCELLED"
             raise
@@ -261,10 +304,8 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
             log.exception("encode %s failed unexpectedly", request_id)
             outcome = "INTERNAL"
             error = f"unexpected {type(exc).__name__}"
-            await self._fail(context, EncodeFailed(f"internal error: {error}"))
+            raise EncodeFailed(f"internal error: {error}") from None
         finally:
-            if deadline is not None:
-                deadline.cancel()
             report = functools.partial(
                 self._report, request_id, outcome, error, frames, size, received_at
             )
@@ -314,3 +355,66 @@ def check_request_id(given: str) -> None:
         raise InvalidRequest(
             "request_id", "must be 1-128 printable ASCII characters without spaces, or empty"
         )
+
+
+def session_error(exc: SidecarError) -> pb.SessionError:
+    """What `_fail` would send as the call's status, as an EncodeSession reply."""
+    return pb.SessionError(
+        code=status_of(exc).value[0],
+        message=str(exc),
+        reason=exc.reason.proto,
+        field=exc.field,
+    )
+
+
+@contextlib.contextmanager
+def _stop_when_ended(context: grpc.aio.ServicerContext) -> Iterator[threading.Event]:
+    """An event set when the call ends early (the client gone, its deadline passed):
+    it stops the call's encode."""
+    stop = threading.Event()
+    context.add_done_callback(lambda _context: stop.set())
+    remaining = context.time_remaining()
+    deadline = (
+        asyncio.get_running_loop().call_later(max(0.0, remaining), stop.set)
+        if remaining is not None
+        else None
+    )
+    try:
+        yield stop
+    finally:
+        if deadline is not None:
+            deadline.cancel()
+
+
+class _Sessions:
+    """The EncodeSession calls between requests, so that shutdown can end them at once
+    instead of waiting out gRPC's grace for calls that will send nothing more."""
+
+    def __init__(self) -> None:
+        self._idle: set[asyncio.Task[Any]] = set()
+        self._ending = False
+
+    async def requests(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        """A session's requests, until the client ends them or the daemon shuts down."""
+        task = asyncio.current_task()
+        assert task is not None
+        pending = aiter(requests)
+        while not self._ending:
+            self._idle.add(task)
+            try:
+                request = await anext(pending)
+            except StopAsyncIteration:
+                return
+            except asyncio.CancelledError:
+                if not self._ending:
+                    raise
+                task.uncancel()  # our own cancel, from end(): the session ends cleanly
+                return
+            finally:
+                self._idle.discard(task)
+            yield request
+
+    def end(self) -> None:
+        self._ending = True
+        for task in self._idle:
+            task.cancel()

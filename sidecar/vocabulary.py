@@ -40,8 +40,8 @@ class Reason(str, enum.Enum):
     SHUTTING_DOWN = "SHUTTING_DOWN"
 
     @property
-    def proto(self) -> int:
-        return pb.ErrorReason.Value("ERROR_REASON_" + self.value)
+    def proto(self) -> pb.ErrorReason:
+        return pb.ErrorReason.Value("ERROR_REASON_" + self.value)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,10 @@ from typing import Any
 import grpc
 import pytest
 
-from client import FailedPrecondition, NotFound, Reason
+from client import FailedPrecondition, NotFound, Reason, ServerError
 from client._core import ClientCore
 from client._errors import error_for
-from client._steps import Call, Exclusive, Op, Steps, run_awaiting, run_blocking
+from client._steps import Call, Exclusive, Op, Replies, Steps, run_awaiting, run_blocking
 from sidecar.api.v1 import sidecar_pb2 as pb
 
 Answers = Callable[[], Callable[[Call], Any]]
@@ -157,3 +157,70 @@ def test_calls_refused_together_attach_anew_once() -> None:
     asyncio.run(main())
     assert made.count("Attach") == 2 and made.count("Status") == 6
     assert c.attachment is not None and c.attachment.client_token == "2" * 32
+
+
+def _ask_one_reply(c: ClientCore, timeout: float | None = None) -> Steps[Any]:
+    from client._encode import _call_encode
+    from client._results import Clock, ResultBuilder
+
+    request = pb.EncodeRequest(client_token="t" * 32)
+    return _call_encode(c, request, Clock(), ResultBuilder(None), timeout, once=True)
+
+
+def _performing(answers: dict[str, Callable[[], Any]], made: list[str]) -> Callable[[Op], Any]:
+    """A blocking driver that answers each kind of encode call from `answers`."""
+
+    def perform(op: Op) -> Any:
+        name = op.method if isinstance(op, Call) else type(op).__name__
+        made.append(name)
+        if isinstance(op, Replies):
+            op.feed(answers["Replies"]())
+            return None
+        return answers[name]()
+
+    return perform
+
+
+def _unimplemented() -> Any:
+    raise error_for(grpc.StatusCode.UNIMPLEMENTED, "unknown method")
+
+
+RESULT = pb.EncodeResult(frames=4, data=b"mp4", size_bytes=3)
+
+
+def test_an_older_daemon_gets_the_calls_it_knows() -> None:
+    """A daemon without EncodeSession, then without EncodeOnce, answers UNIMPLEMENTED
+    without seeing the request: the client asks the next way, and remembers."""
+    c, made = core(), []
+    older = {
+        "Exchange": _unimplemented,
+        "EncodeOnce": _unimplemented,
+        "Replies": lambda: pb.EncodeEvent(result=RESULT),
+    }
+    for _ in range(2):
+        assert run_blocking(_ask_one_reply(c), _performing(older, made)).frames == 4
+    assert made == ["Exchange", "EncodeOnce", "Replies", "Replies"]
+
+    c, made = core(), []
+    newer = {"Exchange": lambda: pb.SessionReply(result=RESULT), "EncodeOnce": lambda: RESULT}
+    run_blocking(_ask_one_reply(c), _performing(newer, made))
+    run_blocking(_ask_one_reply(c, timeout=5), _performing(newer, made))  # a deadline
+    assert made == ["Exchange", "EncodeOnce"]
+
+
+def test_a_session_error_reply_is_raised_as_the_tree_says() -> None:
+    error = pb.SessionError(
+        code=grpc.StatusCode.NOT_FOUND.value[0],
+        message="no lease 'x'",
+        reason=pb.ERROR_REASON_LEASE_NOT_FOUND,
+    )
+    answers = {"Exchange": lambda: pb.SessionReply(error=error)}
+    with pytest.raises(NotFound, match="no lease 'x'") as info:
+        run_blocking(_ask_one_reply(core()), _performing(answers, []))
+    assert info.value.reason is Reason.LEASE_NOT_FOUND
+    # A code or reason newer than this client: a ServerError keeping the code, no reason.
+    newer = pb.SessionError(code=42, message="new", reason=999)  # type: ignore[arg-type]
+    answers = {"Exchange": lambda: pb.SessionReply(error=newer)}
+    with pytest.raises(ServerError) as unknown:
+        run_blocking(_ask_one_reply(core()), _performing(answers, []))
+    assert unknown.value.code is grpc.StatusCode.UNKNOWN and unknown.value.reason is None

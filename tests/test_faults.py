@@ -47,10 +47,11 @@ def tmpfs(path: Path, size: str) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
-def test_daemon_killed_clients_reattach_and_remap(make_daemon, connect) -> None:
+@pytest.mark.parametrize("timeout", [5, None])  # EncodeOnce calls; a kept EncodeSession call
+def test_daemon_killed_clients_reattach_and_remap(make_daemon, connect, timeout) -> None:  # type: ignore[no-untyped-def]
     d = make_daemon()
     video = moving_pattern(6, 64, 64)
-    with connect(d, timeout=5) as c:
+    with connect(d, timeout=timeout) as c:
         c.encode(video)
         old_instance = c.attach().instance_id
         old_slabs = {name for _, name in mapped_segments(d.prefix)}

@@ -3,6 +3,7 @@ internal one, never reads outside a lease, and keeps serving."""
 
 from __future__ import annotations
 
+import queue
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,6 +65,9 @@ def stub(daemon: Daemon) -> Iterator[tuple[pb_grpc.VideoSidecarStub, str]]:
         s = pb_grpc.VideoSidecarStub(channel)
         token = s.Attach(pb.AttachRequest(client_name="fuzz")).client_token
         yield s, token
+        for kept in _SESSIONS.values():
+            kept.requests.put(None)
+        _SESSIONS.clear()
     print("\nfuzz answers:", dict(sorted(COUNTS.items())))
 
 
@@ -76,6 +80,32 @@ def call(fn, request) -> grpc.StatusCode:  # type: ignore[no-untyped-def]
     except grpc.RpcError as err:
         return err.code()  # type: ignore[no-any-return]
     return grpc.StatusCode.OK
+
+
+class Session:
+    """One EncodeSession call kept open across requests, as the client keeps it."""
+
+    def __init__(self, s: pb_grpc.VideoSidecarStub) -> None:
+        self.requests: queue.SimpleQueue[pb.EncodeRequest | None] = queue.SimpleQueue()
+        self.replies = s.EncodeSession(iter(self.requests.get, None), timeout=600)
+
+    def ask(self, request: pb.EncodeRequest) -> grpc.StatusCode:
+        """The request's status code, from its reply; every request gets exactly one."""
+        self.requests.put(request)
+        reply = next(self.replies)
+        if reply.HasField("result"):
+            return grpc.StatusCode.OK
+        assert reply.HasField("error") and reply.error.message, reply
+        code = {c.value[0]: c for c in grpc.StatusCode}[reply.error.code]
+        assert reply.error.reason != pb.ERROR_REASON_UNSPECIFIED, reply
+        return code
+
+
+_SESSIONS: dict[int, Session] = {}
+
+
+def session(s: pb_grpc.VideoSidecarStub) -> Session:
+    return _SESSIONS.setdefault(id(s), Session(s))
 
 
 def in_bounds(r: pb.FrameRange, width: int, height: int, fmt: int) -> bool:
@@ -115,7 +145,7 @@ ranges = st.builds(
     path=st.one_of(st.none(), HOSTILE_PATHS),
     container=st.integers(-2, 6),
     data_in=st.tuples(st.booleans(), st.booleans(), st.booleans()),
-    once=st.booleans(),
+    way=st.sampled_from(["Encode", "EncodeOnce", "EncodeSession"]),
 )
 def test_encode_descriptors(
     stub,
@@ -131,7 +161,7 @@ def test_encode_descriptors(
     path,
     container,
     data_in,
-    once,
+    way,
 ) -> None:  # type: ignore[no-untyped-def]
     s, token = stub
     lease = s.Lease(pb.LeaseRequest(client_token=token, size=LEASE, wait_ms=5000))
@@ -163,7 +193,8 @@ def test_encode_descriptors(
         data_in_lease=data_in[1],  # outputs this small come in the result or in chunks
         data_in_next_lease=data_in[2],  # no next lease is asked for: no effect
     )
-    code = call(s.EncodeOnce if once else s.Encode, request)
+    # A session is one call for the whole run: no request's error may end it.
+    code = session(s).ask(request) if way == "EncodeSession" else call(getattr(s, way), request)
     COUNTS[code.name] += 1
     assert code in ACCEPTABLE, (code, request)
     if code == grpc.StatusCode.OK:
@@ -333,6 +364,7 @@ METHODS = {
     "Encode": "unary_stream",
     "EncodeOnce": "unary_unary",
     "EncodeStream": "stream_stream",
+    "EncodeSession": "stream_stream",
 }
 
 
@@ -413,6 +445,17 @@ def test_raw_bytes(daemon: Daemon, stub, method: str, data) -> None:  # type: ig
             try:
                 if method == "EncodeOnce":
                     results = [pb.EncodeResult.FromString(fn(messages[0], timeout=30))]
+                elif method == "EncodeSession":  # one reply per message, errors inside
+                    raw = fn(iter(messages), timeout=30)
+                    replies = [pb.SessionReply.FromString(r) for r in raw]
+                    assert len(replies) == len(messages), (replies, messages)
+                    errors = {
+                        {c.value[0]: c for c in grpc.StatusCode}[r.error.code]
+                        for r in replies
+                        if r.HasField("error")
+                    }
+                    assert errors <= ACCEPTABLE | {grpc.StatusCode.RESOURCE_EXHAUSTED}, errors
+                    results = [r.result for r in replies]
                 else:
                     replies = fn(iter(messages) if method == "EncodeStream" else messages[0])
                     results = [pb.EncodeEvent.FromString(reply).result for reply in replies]

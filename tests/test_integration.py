@@ -476,3 +476,119 @@ def test_an_output_larger_than_a_slab_comes_in_chunks(make_daemon, connect) -> N
     assert out is not None and len(out) > 1024 * 1024
     assert len(decode(out)[0]) == 14
     assert status.pool["active_leases"] == 0  # two leases in, none kept, none out
+
+
+def _rgb_request(token: str, lease_id: str, frames: int, width: int, height: int) -> Any:
+    from sidecar.api.v1 import sidecar_pb2 as pb
+
+    video = pb.VideoDescriptor(
+        width=width, height=height, pixel_format=pb.PIXEL_FORMAT_RGB24,
+        fps=pb.Rational(num=24, den=1),
+        ranges=[pb.FrameRange(lease_id=lease_id, frame_count=frames)],
+    )  # fmt: skip
+    output = pb.OutputSpec()
+    output.bytes.SetInParent()
+    return pb.EncodeRequest(client_token=token, video=video, output=output)
+
+
+def test_a_session_answers_each_request_and_outlives_its_errors(daemon: Daemon) -> None:
+    """EncodeSession: one reply per request, in order; a refused request, even bytes that
+    are no message at all, is an error reply and the call goes on; ending the requests
+    ends the call cleanly."""
+    import grpc
+
+    from client import SidecarClient
+    from sidecar.api.v1 import sidecar_pb2 as pb
+
+    clip = moving_pattern(3, 48, 64)
+    with SidecarClient(daemon.socket) as c, grpc.insecure_channel(f"unix:{daemon.socket}") as ch:
+        token = c.attach().client_token
+        leases = [c.lease(clip.nbytes) for _ in range(2)]
+        for lease in leases:
+            lease.array[: clip.nbytes] = clip.reshape(-1)
+        good = [_rgb_request(token, lease.id, 3, 64, 48).SerializeToString() for lease in leases]
+        unknown = _rgb_request(token, "ab" * 16, 3, 64, 48).SerializeToString()
+        session = ch.stream_stream(
+            "/video_sidecar.v1.VideoSidecar/EncodeSession",
+            response_deserializer=pb.SessionReply.FromString,
+        )
+        call = session(iter([unknown, good[0], b"\xff\x00\x01", good[0], good[1]]), timeout=60)
+        replies = list(call)
+        assert call.code() == grpc.StatusCode.OK
+        kinds = [r.WhichOneof("outcome") for r in replies]
+        assert kinds == ["error", "result", "error", "error", "result"]
+        errors = [r.error for r in replies if r.HasField("error")]
+        assert [e.code for e in errors] == [code.value[0] for code in (
+            grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND
+        )]  # fmt: skip
+        assert [pb.ErrorReason.Name(e.reason) for e in errors] == [
+            "ERROR_REASON_LEASE_NOT_FOUND",
+            "ERROR_REASON_INVALID_REQUEST",
+            "ERROR_REASON_LEASE_NOT_FOUND",  # the first good request consumed it
+        ]
+        for reply in (replies[1], replies[4]):
+            frames, _ = decode(reply.result.data)
+            assert len(frames) == 3 and psnr(frames, clip) > 35
+        assert c.status().pool["active_leases"] == 0
+
+
+def test_encodes_without_a_deadline_share_kept_sessions(
+    daemon: Daemon, connect, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client sends clips answered in one reply on an EncodeSession call it keeps,
+    one call per encode in flight; a deadline, which a session request cannot carry,
+    makes it an EncodeOnce call. A refused request leaves the session usable."""
+    from client import InvalidArgument
+    from client._core import ClientCore
+
+    ways: list[str] = []
+    choose = ClientCore.one_reply_way
+
+    def recording(self: ClientCore, deadline: float | None) -> str:
+        ways.append(choose(self, deadline))
+        return ways[-1]
+
+    monkeypatch.setattr(ClientCore, "one_reply_way", recording)
+    clip = moving_pattern(4, 64, 96)
+    with connect(daemon) as c:
+        first = c.encode(clip).data
+        with pytest.raises(InvalidArgument, match="crf"):
+            c.encode(clip, crf=99)
+        with ThreadPoolExecutor(4) as pool:
+            outputs = list(pool.map(lambda _: c.encode(clip).data, range(8)))
+        timed = c.encode(clip, timeout=30).data
+        status = c.status()
+    assert ways == ["EncodeSession"] * 10 + ["EncodeOnce"]
+    assert all(out == first for out in [*outputs, timed])
+    assert len(decode(first or b"")[0]) == 4
+    assert status.pool["active_leases"] <= 1  # the spare at most
+
+
+def test_shutdown_ends_an_idle_session_at_once(make_daemon, connect) -> None:  # type: ignore[no-untyped-def]
+    """A kept session between requests does not hold the daemon's shutdown: the daemon
+    ends it cleanly (status OK, not cancelled when gRPC's grace runs out), and the
+    client's next encode says the daemon is unavailable."""
+    import queue
+
+    import grpc
+
+    from client import SidecarClient, SidecarUnavailable
+    from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
+
+    d = make_daemon()
+    clip = moving_pattern(2, 48, 64)
+    with connect(d) as c, SidecarClient(d.socket) as raw:
+        assert c.encode(clip).frames == 2  # leaves its session open and idle
+        lease = raw.lease(clip.nbytes)
+        lease.array[: clip.nbytes] = clip.reshape(-1)
+        request = _rgb_request(raw.attach().client_token, lease.id, 2, 64, 48)
+        with grpc.insecure_channel(f"unix:{d.socket}") as channel:
+            requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
+            replies = pb_grpc.VideoSidecarStub(channel).EncodeSession(iter(requests.get, None))
+            requests.put(request)
+            assert next(replies).result.frames == 2
+            assert d.stop() == 0
+            assert replies.code() == grpc.StatusCode.OK
+            requests.put(None)
+        with pytest.raises(SidecarUnavailable):
+            c.encode(clip)

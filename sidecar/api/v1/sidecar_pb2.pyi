@@ -417,6 +417,26 @@ class EncodeResult(_message.Message):
     data_lease: LeaseResponse
     def __init__(self, audio_samples: _Optional[int] = ..., request_id: _Optional[str] = ..., path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., frames: _Optional[int] = ..., duration_s: _Optional[float] = ..., codec: _Optional[str] = ..., container: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., next_lease: _Optional[_Union[LeaseResponse, _Mapping]] = ..., data: _Optional[bytes] = ..., data_lease: _Optional[_Union[LeaseResponse, _Mapping]] = ...) -> None: ...
 
+class SessionReply(_message.Message):
+    __slots__ = ("result", "error")
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    result: EncodeResult
+    error: SessionError
+    def __init__(self, result: _Optional[_Union[EncodeResult, _Mapping]] = ..., error: _Optional[_Union[SessionError, _Mapping]] = ...) -> None: ...
+
+class SessionError(_message.Message):
+    __slots__ = ("code", "message", "reason", "field")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    reason: ErrorReason
+    field: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., reason: _Optional[_Union[ErrorReason, str]] = ..., field: _Optional[str] = ...) -> None: ...
+
 class EncodeEvent(_message.Message):
     __slots__ = ("progress", "chunk", "result")
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
