@@ -181,8 +181,10 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
             timeout: seconds for the whole call (a gRPC deadline); None for the client's.
 
         Without `on_chunk` and `on_progress`, a clip of at most 4 MiB as 4:2:0 pictures
-        (or one written to `path`) is one unary `EncodeOnce` call, its output inside the
-        reply; anything else is `Encode`, a reply stream.
+        (or one written to `path`) is answered in one reply with its output inside: a
+        request on an `EncodeSession` call the client keeps open for the next one (one
+        call per encode in flight), or with a `timeout` an `EncodeOnce` call. Anything
+        else is `Encode`, a reply stream.
 
         Returns:
             An `EncodeResult`: `data` or `path`, frames, duration, size and timings.

@@ -90,7 +90,8 @@ class AsyncSidecarClient(ClientApi[Coroutine[Any, Any, EncodeResult], "AsyncVide
         await self.close()
 
     async def close(self) -> None:
-        """Give back the spare lease, unmap the slabs, close the channel."""
+        """Give back the spare lease, unmap the slabs, end the kept sessions, close the
+        channel."""
         await self._run(self._core.close())
         if self._generation == fork_generation():  # a parent's channel is left alone
             await self._sessions.close()

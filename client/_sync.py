@@ -47,6 +47,9 @@ class SidecarClient(ClientApi[EncodeResult, "VideoStream"]):
     """
 
     def _connect(self) -> None:
+        # A child after fork keeps the parent's channel and sessions aside: never used,
+        # nor collected here (their finalizers would cancel calls).
+        self._inherited = vars(self).get("_channel"), vars(self).get("_sessions")
         self._generation = fork_generation()
         self._channel, self._stubs = open_channel(grpc, self._core.target, self.credentials)
         self._lock = threading.Lock()
@@ -88,7 +91,8 @@ class SidecarClient(ClientApi[EncodeResult, "VideoStream"]):
         self.close()
 
     def close(self) -> None:
-        """Give back the spare lease, unmap the slabs, close the channel."""
+        """Give back the spare lease, unmap the slabs, end the kept sessions, close the
+        channel."""
         self._run(self._core.close())
         if self._generation == fork_generation():  # a parent's channel is left alone
             self._sessions.close()

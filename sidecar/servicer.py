@@ -13,7 +13,6 @@ INVALID_ARGUMENT, instead of grpc's UNKNOWN.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import re
@@ -21,7 +20,7 @@ import secrets
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from functools import wraps
 from typing import Any, TypeVar
 
@@ -173,9 +172,11 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
     ) -> AsyncIterator[pb.EncodeEvent]:
         received_at = time.perf_counter()
         request_id, events = self._whole(request, received_at, one_reply=False)
-        with _stop_when_ended(context) as stop:
+        with _CallEnd(context) as end:
             try:
-                async for event in self._relay(request_id, received_at, stop, events, context):
+                async for event in self._relay(
+                    request_id, received_at, end.event(), events, context
+                ):
                     yield event_to_proto(event, self.sidecar.config.lease_ttl)
             except SidecarError as exc:
                 await self._fail(context, exc)
@@ -186,9 +187,11 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         received_at = time.perf_counter()
         request_id, events = self._whole(request, received_at, one_reply=True)
         result = pb.EncodeResult()
-        with _stop_when_ended(context) as stop:
+        with _CallEnd(context) as end:
             try:
-                async for event in self._relay(request_id, received_at, stop, events, context):
+                async for event in self._relay(
+                    request_id, received_at, end.event(), events, context
+                ):
                     if isinstance(event, Result):  # progress is not sent: the result is the reply
                         result = result_to_proto(event, self.sidecar.config.lease_ttl)
             except SidecarError as exc:
@@ -200,13 +203,14 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         requests: AsyncIterator[pb.EncodeRequest | Undecodable],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.SessionReply]:
-        with _stop_when_ended(context) as stop:
+        with _CallEnd(context) as end:
             async for request in self._sessions.requests(requests):
                 received_at = time.perf_counter()
                 request_id, events = self._whole(request, received_at, one_reply=True)
                 sent: list[Callable[[], None]] = []
                 reply = pb.SessionReply()
                 try:
+                    stop = end.event()
                     async for event in self._relay(request_id, received_at, stop, events, sent):
                         if isinstance(event, Result):
                             reply = pb.SessionReply(
@@ -261,9 +265,11 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
             spec = stream_spec_from_proto(header, request_id)
             return self.sidecar.stream(spec, stream_messages(requests), received_at, stop)
 
-        with _stop_when_ended(context) as stop:
+        with _CallEnd(context) as end:
             try:
-                async for event in self._relay(request_id, received_at, stop, events, context):
+                async for event in self._relay(
+                    request_id, received_at, end.event(), events, context
+                ):
                     yield event_to_proto(event, self.sidecar.config.lease_ttl)
             except SidecarError as exc:
                 await self._fail(context, exc)
@@ -367,23 +373,40 @@ def session_error(exc: SidecarError) -> pb.SessionError:
     )
 
 
-@contextlib.contextmanager
-def _stop_when_ended(context: grpc.aio.ServicerContext) -> Iterator[threading.Event]:
-    """An event set when the call ends early (the client gone, its deadline passed):
-    it stops the call's encode."""
-    stop = threading.Event()
-    context.add_done_callback(lambda _context: stop.set())
-    remaining = context.time_remaining()
-    deadline = (
-        asyncio.get_running_loop().call_later(max(0.0, remaining), stop.set)
-        if remaining is not None
-        else None
-    )
-    try:
-        yield stop
-    finally:
-        if deadline is not None:
-            deadline.cancel()
+class _CallEnd:
+    """Stops a call's encodes when the call ends early (the client gone, its deadline
+    passed). Each encode gets an event of its own, as a job sets its event to stop its own
+    parts when it fails: a kept session's next request must not find it set."""
+
+    def __init__(self, context: grpc.aio.ServicerContext) -> None:
+        self._ended = False
+        self._current: threading.Event | None = None
+        context.add_done_callback(lambda _context: self._end())
+        remaining = context.time_remaining()
+        self._deadline = (
+            asyncio.get_running_loop().call_later(max(0.0, remaining), self._end)
+            if remaining is not None
+            else None
+        )
+
+    def event(self) -> threading.Event:
+        """The next encode's stop event; already set once the call has ended."""
+        self._current = threading.Event()
+        if self._ended:
+            self._current.set()
+        return self._current
+
+    def _end(self) -> None:
+        self._ended = True
+        if self._current is not None:
+            self._current.set()
+
+    def __enter__(self) -> _CallEnd:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
 
 
 class _Sessions:

@@ -257,6 +257,33 @@ def test_close_in_a_forked_child_leaves_the_parents_spare_lease(
         assert c.status().counters["leases_granted"] == granted + 1
 
 
+def test_a_forked_child_encodes_on_its_own_session(daemon: Daemon, video: np.ndarray) -> None:
+    """A child after fork using the inherited client opens its own channel and session;
+    the parent's kept session is left alone and carries on."""
+    from client import SidecarClient
+
+    with SidecarClient(daemon.socket) as c:
+        first = c.encode(video[:4]).data  # leaves a session open and idle
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: encode, say how it went, leave
+            try:
+                same = c.encode(video[:4]).data == first
+                c.close()  # gives back the child's own spare lease
+                os.write(write, b"same" if same else b"different")
+            finally:
+                os._exit(0)
+        os.close(write)
+        try:
+            ready, _, _ = select.select([read], [], [], 30)
+            reply = os.read(read, 64) if ready else b"(no answer in 30 s)"
+        finally:
+            os.close(read)
+            os.waitpid(pid, 0)
+        assert reply == b"same"
+        assert c.encode(video[:4]).data == first
+
+
 def test_slabs_mapped_once_per_client(daemon: Daemon, client: Any, video: np.ndarray) -> None:
     client.encode(video[:2])
     before = mapped_segments(daemon.prefix)
