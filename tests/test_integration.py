@@ -619,3 +619,34 @@ def test_shutdown_ends_an_idle_session_at_once(make_daemon, connect) -> None:  #
             requests.put(None)
         with pytest.raises(SidecarUnavailable):
             c.encode(clip)
+
+
+def test_cancelling_an_async_encode_on_a_session_stops_it(daemon: Daemon) -> None:
+    """An awaited encode cancelled while its request is on a kept session: the session is
+    dropped (its reply would come to no one), the daemon stops the encode and frees its
+    leases, and the next encode opens a new session."""
+    import asyncio
+
+    from client import AsyncSidecarClient
+
+    slow = moving_pattern(48, 144, 256)  # 2.6 MiB as 4:2:0: one reply, on the session
+
+    async def main() -> tuple[int, int, int]:
+        async with AsyncSidecarClient(daemon.socket) as c:
+            await c.encode(slow[:2])  # a session, kept
+            task = asyncio.create_task(c.encode(slow, preset="veryslow", threads=1))
+            await asyncio.sleep(0.3)
+            assert not task.done()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            for _ in range(100):
+                status = await c.status()
+                if status.active_encodes == 0:
+                    break
+                await asyncio.sleep(0.05)
+            after = await c.encode(slow[:2])
+            return status.active_encodes, status.pool["active_leases"], after.frames
+
+    active, leases, frames = asyncio.run(main())
+    assert active == 0 and leases <= 1 and frames == 2
