@@ -47,6 +47,8 @@ SHARED_METHODS = ("encode", "stream", "encode_leased")
 class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
     """What `SidecarClient` and `AsyncSidecarClient` share; see `SidecarClient`."""
 
+    _KEEPS_SESSIONS = True  # whether one-reply encodes go on kept EncodeSession calls
+
     def __init__(
         self,
         target: str | None = None,
@@ -69,6 +71,7 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
             timeout=timeout,
             lease_wait=lease_wait,
             transport=transport,
+            sessions=self._KEEPS_SESSIONS,
         )
         self.credentials = credentials
         self._connect()
@@ -182,9 +185,9 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
 
         Without `on_chunk` and `on_progress`, a clip of at most 4 MiB as 4:2:0 pictures
         (or one written to `path`) is answered in one reply with its output inside: a
-        request on an `EncodeSession` call the client keeps open for the next one (one
-        call per encode in flight), or with a `timeout` an `EncodeOnce` call. Anything
-        else is `Encode`, a reply stream.
+        request on an `EncodeSession` call that `SidecarClient` keeps open for the next
+        one (one call per encode in flight), or an `EncodeOnce` call (with a `timeout`,
+        and from `AsyncSidecarClient`). Anything else is `Encode`, a reply stream.
 
         Returns:
             An `EncodeResult`: `data` or `path`, frames, duration, size and timings.

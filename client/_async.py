@@ -12,7 +12,7 @@ import grpc
 from sidecar.api.v1 import sidecar_pb2 as pb
 
 from ._api import ClientApi
-from ._core import fork_generation, open_channel
+from ._core import fork_generation, keep_after_fork, open_channel
 from ._errors import SidecarUnavailable
 from ._steps import (
     Call,
@@ -43,13 +43,23 @@ class AsyncSidecarClient(ClientApi[Coroutine[Any, Any, EncodeResult], "AsyncVide
     Use a client from one event loop. gRPC's asyncio stack does not survive fork: in a
     child after fork, make a new client (closing an inherited one is fine, and leaves the
     parent's leases alone).
+
+    It keeps no `EncodeSession` calls open: a process forked while a gRPC asyncio stream
+    is open crashed in the child about one time in three, even when the child never
+    touched the client. Clips answered in one reply are `EncodeOnce` calls instead.
     """
+
+    _KEEPS_SESSIONS = False
 
     def _connect(self) -> None:
         self._generation = fork_generation()
         self._channel, self._stubs = open_channel(grpc.aio, self._core.target, self.credentials)
         self._lock = asyncio.Lock()
-        self._sessions = _Sessions(self._stubs["sidecar"])
+        keep_after_fork(self)
+
+    def grpc_objects(self) -> tuple[Any, ...]:
+        """What a child after fork must keep from being collected (see `_core._Forks`)."""
+        return (self._channel,)
 
     async def _run(self, steps: Steps[T]) -> T:
         return await run_awaiting(steps, self._perform)
@@ -64,8 +74,8 @@ class AsyncSidecarClient(ClientApi[Coroutine[Any, Any, EncodeResult], "AsyncVide
         if isinstance(op, Call):
             method = getattr(self._stubs[op.service], op.method)
             return await method(op.request, timeout=op.timeout)
-        if isinstance(op, Exchange):
-            return await self._sessions.exchange(op.request)
+        if isinstance(op, Exchange):  # never asked: `_KEEPS_SESSIONS` is False
+            raise TypeError("AsyncSidecarClient keeps no sessions")
         if isinstance(op, Replies):
             async for event in self._stubs["sidecar"].Encode(op.request, timeout=op.timeout):
                 op.feed(event)
@@ -90,11 +100,9 @@ class AsyncSidecarClient(ClientApi[Coroutine[Any, Any, EncodeResult], "AsyncVide
         await self.close()
 
     async def close(self) -> None:
-        """Give back the spare lease, unmap the slabs, end the kept sessions, close the
-        channel."""
+        """Give back the spare lease, unmap the slabs, close the channel."""
         await self._run(self._core.close())
         if self._generation == fork_generation():  # a parent's channel is left alone
-            await self._sessions.close()
             await self._channel.close()
 
     async def attach(self, *, refresh: bool = False) -> Attachment:
@@ -192,64 +200,3 @@ class _StreamCall:
             await asyncio.wait({self._reader})
             self._stream.raise_if_failed()
             raise
-
-
-class _Sessions:
-    """EncodeSession calls kept open between encodes: one per encode in flight, each
-    taken by one request at a time and put back after its reply."""
-
-    def __init__(self, stub: Any) -> None:
-        self._stub = stub
-        self._idle: list[_Session] = []
-
-    async def exchange(self, request: pb.EncodeRequest) -> pb.SessionReply:
-        session = self._take()
-        try:
-            reply = await session.ask(request)
-        except BaseException:  # cancellation included: the daemon stops the encode
-            session.cancel()  # in an unknown state: a reply may still come
-            raise
-        self._idle.append(session)
-        return reply
-
-    def _take(self) -> _Session:
-        while self._idle:
-            session = self._idle.pop()
-            if session.open:
-                return session
-        return _Session(self._stub)
-
-    async def close(self) -> None:
-        idle, self._idle = self._idle, []
-        for session in idle:
-            await session.end()
-
-
-class _Session:
-    """One EncodeSession call: a request written, its reply read."""
-
-    def __init__(self, stub: Any) -> None:
-        self._call = stub.EncodeSession()
-
-    @property
-    def open(self) -> bool:
-        return not self._call.done()
-
-    async def ask(self, request: pb.EncodeRequest) -> pb.SessionReply:
-        """The request's reply. A call the daemon ended with an error raises that error;
-        one it ended cleanly, between requests, is a daemon shutting down."""
-        try:
-            await self._call.write(request)
-            reply = await self._call.read()
-        except asyncio.InvalidStateError:
-            reply = grpc.aio.EOF
-        if reply is grpc.aio.EOF:
-            raise SidecarUnavailable("the daemon ended the session; it is shutting down")
-        return reply  # type: ignore[no-any-return]
-
-    def cancel(self) -> None:
-        self._call.cancel()
-
-    async def end(self) -> None:
-        with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
-            await self._call.done_writing()

@@ -14,8 +14,9 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from grpc_health.v1 import health_pb2
 from grpc_health.v1.health_pb2_grpc import HealthStub
@@ -55,13 +56,21 @@ CHANNEL_OPTIONS = [
 
 class _Forks:
     """How many forks this process is a child of, counted as they happen: a fork check
-    that costs no system call (`os.getpid` does), made before every call."""
+    that costs no system call (`os.getpid` does), made before every call.
+
+    A child also keeps every client's gRPC objects from before the fork (channels, kept
+    session calls and the tasks of their event loop) referenced for good: collecting
+    them would run gRPC finalizers on state that belongs to the parent, and an idle
+    asyncio session's pending status task crashed the child when collected."""
 
     generation = 0
+    clients: ClassVar[weakref.WeakSet[Any]] = weakref.WeakSet()  # with `grpc_objects()`
+    inherited: ClassVar[list[Any]] = []
 
     @classmethod
     def after_fork_in_child(cls) -> None:
         cls.generation += 1
+        cls.inherited.extend(client.grpc_objects() for client in list(cls.clients))
 
 
 os.register_at_fork(after_in_child=_Forks.after_fork_in_child)
@@ -70,6 +79,11 @@ os.register_at_fork(after_in_child=_Forks.after_fork_in_child)
 def fork_generation() -> int:
     """Changes in a child after fork: anything made before belongs to the parent."""
     return _Forks.generation
+
+
+def keep_after_fork(client: Any) -> None:
+    """Have a child after fork keep `client.grpc_objects()` from being collected."""
+    _Forks.clients.add(client)
 
 
 def resolve_target(target: str | None) -> str:
@@ -141,6 +155,7 @@ class ClientCore:
         timeout: float | None,
         lease_wait: float,
         transport: str,
+        sessions: bool = True,
     ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport {transport!r}: use {', '.join(TRANSPORTS)}")
@@ -159,8 +174,9 @@ class ClientCore:
         # from before it was asked for.
         self._spare: tuple[Lease, float] | None = None
         self._spare_lock = threading.Lock()
-        # One-reply ways this daemon has not refused as UNIMPLEMENTED (an older one).
-        self._one_reply_ways = {"EncodeSession", "EncodeOnce"}
+        # One-reply ways this daemon has not refused as UNIMPLEMENTED (an older one), and
+        # the driver can make: `sessions`, whether it keeps EncodeSession calls.
+        self._one_reply_ways = {"EncodeSession", "EncodeOnce"} if sessions else {"EncodeOnce"}
 
     def one_reply_way(self, deadline: float | None) -> str:
         """How to ask for an encode answered in one reply: "EncodeSession" (a kept call;

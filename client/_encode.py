@@ -82,6 +82,7 @@ def _encode_source(
     single = len(plan) == 1  # small requests reuse the spare lease and ask for the next
     leases: list[Lease] = []
     try:
+        audio_data = (yield from core.audio_data(pcm, leases.append)) if pcm is not None else None
         ranges = []
         for first, count in plan:
             with clock.leasing():
@@ -90,10 +91,7 @@ def _encode_source(
             with clock.copying():
                 yield copy_step(source, lease.array, first, count)
             ranges.append(FrameRange(lease, count))
-        with clock.copying():
-            yield Work(source.finish, long=True)
-        clock.transferred()
-        audio_data = (yield from core.audio_data(pcm, leases.append)) if pcm is not None else None
+        # The request is made while the GPU copies land.
         request = options.request(
             att.client_token,
             VideoGeometry(source.width, source.height, source.pixel_format),
@@ -102,6 +100,9 @@ def _encode_source(
             audio=pcm.spec() if pcm is not None else None,
             audio_data=audio_data,
         )
+        with clock.copying():
+            yield Work(source.finish, long=True)
+        clock.transferred()
         once = options.path is not None or source.frames * picture_bytes(source) <= ONCE_MAX_BYTES
         return (yield from _call_encode(core, request, clock, builder, timeout, once=once))
     except GeneratorExit:

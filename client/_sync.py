@@ -12,7 +12,7 @@ import grpc
 from sidecar.api.v1 import sidecar_pb2 as pb
 
 from ._api import ClientApi
-from ._core import fork_generation, open_channel
+from ._core import fork_generation, keep_after_fork, open_channel
 from ._errors import SidecarUnavailable
 from ._steps import (
     Call,
@@ -47,13 +47,15 @@ class SidecarClient(ClientApi[EncodeResult, "VideoStream"]):
     """
 
     def _connect(self) -> None:
-        # A child after fork keeps the parent's channel and sessions aside: never used,
-        # nor collected here (their finalizers would cancel calls).
-        self._inherited = vars(self).get("_channel"), vars(self).get("_sessions")
         self._generation = fork_generation()
         self._channel, self._stubs = open_channel(grpc, self._core.target, self.credentials)
         self._lock = threading.Lock()
         self._sessions = _Sessions(self._stubs["sidecar"])
+        keep_after_fork(self)
+
+    def grpc_objects(self) -> tuple[Any, ...]:
+        """What a child after fork must keep from being collected (see `_core._Forks`)."""
+        return self._channel, self._sessions
 
     def _run(self, steps: Steps[T]) -> T:
         return run_blocking(steps, self._perform)

@@ -560,11 +560,12 @@ def test_a_session_answers_each_request_and_outlives_its_errors(daemon: Daemon) 
 
 
 def test_encodes_without_a_deadline_share_kept_sessions(
-    daemon: Daemon, connect, monkeypatch: pytest.MonkeyPatch
+    daemon: Daemon, connect, twin: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The client sends clips answered in one reply on an EncodeSession call it keeps,
-    one call per encode in flight; a deadline, which a session request cannot carry,
-    makes it an EncodeOnce call. A refused request leaves the session usable."""
+    """The blocking client sends clips answered in one reply on an EncodeSession call it
+    keeps, one call per encode in flight; a deadline, which a session request cannot
+    carry, makes it an EncodeOnce call. A refused request leaves the session usable. The
+    asyncio client keeps no sessions (see `AsyncSidecarClient`): EncodeOnce calls."""
     from client import InvalidArgument
     from client._core import ClientCore
 
@@ -585,7 +586,8 @@ def test_encodes_without_a_deadline_share_kept_sessions(
             outputs = list(pool.map(lambda _: c.encode(clip).data, range(8)))
         timed = c.encode(clip, timeout=30).data
         status = c.status()
-    assert ways == ["EncodeSession"] * 10 + ["EncodeOnce"]
+    kept = "EncodeSession" if twin == "sync" else "EncodeOnce"
+    assert ways == [kept] * 10 + ["EncodeOnce"]
     assert all(out == first for out in [*outputs, timed])
     assert len(decode(first or b"")[0]) == 4
     assert status.pool["active_leases"] <= 1  # the spare at most
@@ -621,22 +623,24 @@ def test_shutdown_ends_an_idle_session_at_once(make_daemon, connect) -> None:  #
             c.encode(clip)
 
 
-def test_cancelling_an_async_encode_on_a_session_stops_it(daemon: Daemon) -> None:
-    """An awaited encode cancelled while its request is on a kept session: the session is
-    dropped (its reply would come to no one), the daemon stops the encode and frees its
-    leases, and the next encode opens a new session."""
+def test_cancelling_an_awaited_one_reply_encode_stops_it(daemon: Daemon) -> None:
+    """An awaited encode answered in one reply, cancelled while the daemon encodes: the
+    daemon stops the encode and frees its leases, and the client carries on."""
     import asyncio
 
     from client import AsyncSidecarClient
 
-    slow = moving_pattern(48, 144, 256)  # 2.6 MiB as 4:2:0: one reply, on the session
+    slow = moving_pattern(48, 176, 320)  # 3.9 MiB as 4:2:0: one reply
 
     async def main() -> tuple[int, int, int]:
         async with AsyncSidecarClient(daemon.socket) as c:
-            await c.encode(slow[:2])  # a session, kept
-            task = asyncio.create_task(c.encode(slow, preset="veryslow", threads=1))
-            await asyncio.sleep(0.3)
-            assert not task.done()
+            await c.encode(slow[:2])
+            task = asyncio.create_task(c.encode(slow, preset="veryslow", crf=0, threads=1))
+            for _ in range(200):  # until the daemon is encoding it
+                if (await c.status()).active_encodes:
+                    break
+                await asyncio.sleep(0.01)
+            assert not task.done(), task.result()
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
