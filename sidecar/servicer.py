@@ -172,14 +172,8 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
     ) -> AsyncIterator[pb.EncodeEvent]:
         received_at = time.perf_counter()
         request_id, events = self._whole(request, received_at, one_reply=False)
-        with _CallEnd(context) as end:
-            try:
-                async for event in self._relay(
-                    request_id, received_at, end.event(), events, context
-                ):
-                    yield event_to_proto(event, self.sidecar.config.lease_ttl)
-            except SidecarError as exc:
-                await self._fail(context, exc)
+        async for reply in self._replies(request_id, received_at, events, context):
+            yield reply
 
     async def EncodeOnce(
         self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
@@ -265,6 +259,17 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
             spec = stream_spec_from_proto(header, request_id)
             return self.sidecar.stream(spec, stream_messages(requests), received_at, stop)
 
+        async for reply in self._replies(request_id, received_at, events, context):
+            yield reply
+
+    async def _replies(
+        self,
+        request_id: str,
+        received_at: float,
+        events: Callable[[threading.Event], AsyncIterator[Any]],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.EncodeEvent]:
+        """A reply stream's messages: the encode's events, and its error as the status."""
         with _CallEnd(context) as end:
             try:
                 async for event in self._relay(
