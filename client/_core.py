@@ -58,10 +58,9 @@ class _Forks:
     """How many forks this process is a child of, counted as they happen: a fork check
     that costs no system call (`os.getpid` does), made before every call.
 
-    A child also keeps every client's gRPC objects from before the fork (channels, kept
-    session calls and the tasks of their event loop) referenced for good: collecting
-    them would run gRPC finalizers on state that belongs to the parent, and an idle
-    asyncio session's pending status task crashed the child when collected."""
+    A child also keeps every client's gRPC objects from before the fork (its channel and
+    kept session calls) referenced for good: collected, a call's finalizer would cancel
+    it, on the connection the child shares with its parent."""
 
     generation = 0
     clients: ClassVar[weakref.WeakSet[Any]] = weakref.WeakSet()  # with `grpc_objects()`

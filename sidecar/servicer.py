@@ -184,7 +184,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         with _CallEnd(context) as end:
             try:
                 async for event in self._relay(
-                    request_id, received_at, end.event(), events, context
+                    request_id, received_at, end.event(), events, _after_call(context)
                 ):
                     if isinstance(event, Result):  # progress is not sent: the result is the reply
                         result = result_to_proto(event, self.sidecar.config.lease_ttl)
@@ -205,7 +205,9 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
                 reply = pb.SessionReply()
                 try:
                     stop = end.event()
-                    async for event in self._relay(request_id, received_at, stop, events, sent):
+                    async for event in self._relay(
+                        request_id, received_at, stop, events, sent.append
+                    ):
                         if isinstance(event, Result):
                             reply = pb.SessionReply(
                                 result=result_to_proto(event, self.sidecar.config.lease_ttl)
@@ -273,7 +275,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         with _CallEnd(context) as end:
             try:
                 async for event in self._relay(
-                    request_id, received_at, end.event(), events, context
+                    request_id, received_at, end.event(), events, _after_call(context)
                 ):
                     yield event_to_proto(event, self.sidecar.config.lease_ttl)
             except SidecarError as exc:
@@ -285,12 +287,12 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         received_at: float,
         stop: threading.Event,
         events: Callable[[threading.Event], AsyncIterator[Any]],
-        sent: grpc.aio.ServicerContext | list[Callable[[], None]],
+        when_sent: Callable[[Callable[[], None]], None],
     ) -> AsyncIterator[Progress | Chunk | Result]:
         """An encode's domain events, its log line and metrics. A domain error is raised
         once recorded, and a bug of ours as EncodeFailed: the caller sends it, as a status
-        or a reply. A result's `after` goes to `sent`: the call's done-callbacks, or a list
-        run once the reply has gone."""
+        or a reply. A result's `after` goes to `when_sent`, which runs it once the answer
+        has gone out."""
         outcome = "CANCELLED"  # ended before its result: the client went away
         error = ""
         frames = size = 0
@@ -298,11 +300,8 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
             async for event in events(stop):
                 if isinstance(event, Result):
                     outcome, frames, size = "OK", event.frames, event.size_bytes
-                    if event.after is not None:  # once the answer has gone out
-                        if isinstance(sent, list):
-                            sent.append(event.after)
-                        else:
-                            sent.add_done_callback(_run(event.after))
+                    if event.after is not None:
+                        when_sent(event.after)
                 yield event
         except SidecarError as exc:
             outcome = status_of(exc).name
@@ -356,9 +355,9 @@ def _request_id(given: str) -> str:
     return given if _REQUEST_ID_RE.match(given) else secrets.token_hex(8)
 
 
-def _run(action: Callable[[], None]) -> Callable[[Any], None]:
-    """A done-callback that runs `action` once the RPC has ended."""
-    return lambda _context: action()
+def _after_call(context: grpc.aio.ServicerContext) -> Callable[[Callable[[], None]], None]:
+    """Runs an action once the RPC has ended."""
+    return lambda action: context.add_done_callback(lambda _context: action())
 
 
 def check_request_id(given: str) -> None:

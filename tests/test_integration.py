@@ -225,6 +225,26 @@ def test_spare_lease_saves_a_round_trip(daemon: Daemon, connect, video: np.ndarr
         assert status.pool["leased_bytes"] == 2 * small_spare  # sized for the last request
 
 
+def _in_a_forked_child(action: Any, timeout: float) -> bytes:
+    """What `action()` returns in a child after fork (which then leaves at once), or
+    why there is nothing."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.write(write, action())
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        ready, _, _ = select.select([read], [], [], timeout)
+        return os.read(read, 64) if ready else f"(no answer in {timeout:g} s)".encode()
+    finally:
+        os.close(read)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
 def test_close_in_a_forked_child_leaves_the_parents_spare_lease(
     daemon: Daemon, connect, video: np.ndarray
 ) -> None:
@@ -233,23 +253,12 @@ def test_close_in_a_forked_child_leaves_the_parents_spare_lease(
     with connect(daemon) as c:
         c.encode(video[:4])  # the result brings a spare lease
         assert c.status().pool["active_leases"] == 1
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: close the inherited client, say so, leave at once
-            try:
-                c.close()
-                os.write(write, b"closed")
-            finally:
-                os._exit(0)
-        os.close(write)
-        try:
-            ready, _, _ = select.select([read], [], [], 20)
-            reply = os.read(read, 64) if ready else b"(no answer in 20 s)"
-        finally:
-            os.close(read)
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        assert reply == b"closed"
+
+        def child() -> bytes:  # close the inherited client, say so, leave at once
+            c.close()
+            return b"closed"
+
+        assert _in_a_forked_child(child, 20) == b"closed"
         status = c.status()
         assert status.pool["active_leases"] == 1, "the child gave the parent's spare back"
         granted = status.counters["leases_granted"]
@@ -264,23 +273,13 @@ def test_a_forked_child_encodes_on_its_own_session(daemon: Daemon, video: np.nda
 
     with SidecarClient(daemon.socket) as c:
         first = c.encode(video[:4]).data  # leaves a session open and idle
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: encode, say how it went, leave
-            try:
-                same = c.encode(video[:4]).data == first
-                c.close()  # gives back the child's own spare lease
-                os.write(write, b"same" if same else b"different")
-            finally:
-                os._exit(0)
-        os.close(write)
-        try:
-            ready, _, _ = select.select([read], [], [], 30)
-            reply = os.read(read, 64) if ready else b"(no answer in 30 s)"
-        finally:
-            os.close(read)
-            os.waitpid(pid, 0)
-        assert reply == b"same"
+
+        def child() -> bytes:  # encode, say how it went
+            same = c.encode(video[:4]).data == first
+            c.close()  # gives back the child's own spare lease
+            return b"same" if same else b"different"
+
+        assert _in_a_forked_child(child, 30) == b"same"
         assert c.encode(video[:4]).data == first
 
 
