@@ -14,6 +14,7 @@ from sidecar.api.v1 import sidecar_pb2 as pb
 from ._api import ClientApi
 from ._core import fork_generation, keep_after_fork, open_channel
 from ._errors import SidecarUnavailable
+from ._framed import AsyncFramedConnection
 from ._steps import (
     Call,
     Exchange,
@@ -46,7 +47,9 @@ class AsyncSidecarClient(ClientApi[Coroutine[Any, Any, EncodeResult], "AsyncVide
 
     It keeps no `EncodeSession` calls open: a process forked while a gRPC asyncio stream
     is open crashed in the child about one time in three, even when the child never
-    touched the client. Clips answered in one reply are `EncodeOnce` calls instead.
+    touched the client. Clips answered in one reply go on kept connections to the
+    daemon's framed socket (plain sockets, which fork leaves alone), else as `EncodeOnce`
+    calls.
     """
 
     _KEEPS_SESSIONS = False
@@ -55,6 +58,7 @@ class AsyncSidecarClient(ClientApi[Coroutine[Any, Any, EncodeResult], "AsyncVide
         self._generation = fork_generation()
         self._channel, self._stubs = open_channel(grpc.aio, self._core.target, self.credentials)
         self._lock = asyncio.Lock()
+        self._framed: dict[str, list[AsyncFramedConnection]] = {}  # idle, by socket path
         keep_after_fork(self)
 
     def grpc_objects(self) -> tuple[Any, ...]:
@@ -74,8 +78,8 @@ class AsyncSidecarClient(ClientApi[Coroutine[Any, Any, EncodeResult], "AsyncVide
         if isinstance(op, Call):
             method = getattr(self._stubs[op.service], op.method)
             return await method(op.request, timeout=op.timeout)
-        if isinstance(op, Exchange):  # never asked: `_KEEPS_SESSIONS` is False
-            raise TypeError("AsyncSidecarClient keeps no sessions")
+        if isinstance(op, Exchange):  # framed only: `_KEEPS_SESSIONS` is False
+            return await self._exchange(op)
         if isinstance(op, Replies):
             async for event in self._stubs["sidecar"].Encode(op.request, timeout=op.timeout):
                 op.feed(event)
@@ -86,6 +90,20 @@ class AsyncSidecarClient(ClientApi[Coroutine[Any, Any, EncodeResult], "AsyncVide
         if isinstance(op, OpenStream):
             return await _StreamCall.open(self._stubs["sidecar"], op)
         return await op.call.act(op)
+
+    async def _exchange(self, op: Exchange) -> pb.SessionReply:
+        """A request on a framed connection kept for the next one, or a new one."""
+        idle = self._framed.setdefault(op.framed, [])
+        while idle and not idle[-1].open:
+            idle.pop().end()  # the daemon ended it (restart, shutdown)
+        connection = idle.pop() if idle else await AsyncFramedConnection.open_to(op.framed)
+        try:
+            reply = await connection.ask(op.request, op.timeout)
+        except BaseException:  # cancelled included: closing it stops the encode
+            connection.end(cancel=True)
+            raise
+        idle.append(connection)
+        return reply
 
     def _result(self, steps: Steps[EncodeResult]) -> Coroutine[Any, Any, EncodeResult]:
         return self._run(steps)
@@ -100,9 +118,14 @@ class AsyncSidecarClient(ClientApi[Coroutine[Any, Any, EncodeResult], "AsyncVide
         await self.close()
 
     async def close(self) -> None:
-        """Give back the spare lease, unmap the slabs, close the channel."""
+        """Give back the spare lease, unmap the slabs, close the framed connections and
+        the channel."""
         await self._run(self._core.close())
         if self._generation == fork_generation():  # a parent's channel is left alone
+            for idle in self._framed.values():
+                for connection in idle:
+                    connection.end()
+            self._framed.clear()
             await self._channel.close()
 
     async def attach(self, *, refresh: bool = False) -> Attachment:

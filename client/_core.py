@@ -30,6 +30,7 @@ from ._audio import Pcm
 from ._convert import Conversion
 from ._cuda import CudaHost, CudaVideo
 from ._errors import InvalidArgument, NotFound, SidecarError, SidecarUnavailable
+from ._framed import framed_path
 from ._options import VideoFormat
 from ._results import attachment_from_proto, status_from_proto
 from ._slabs import SlabMap
@@ -176,16 +177,23 @@ class ClientCore:
         # One-reply ways this daemon has not refused as UNIMPLEMENTED (an older one), and
         # the driver can make: `sessions`, whether it keeps EncodeSession calls.
         self._one_reply_ways = {"EncodeSession", "EncodeOnce"} if sessions else {"EncodeOnce"}
+        # The daemon's framed socket (see `_framed`), as the last Attach named it; "" once
+        # it could not be reached, until the next Attach.
+        self.framed = ""
 
     def one_reply_way(self, deadline: float | None) -> str:
-        """How to ask for an encode answered in one reply: "EncodeSession" (a kept call;
-        it has no per-request deadline, so only without one), "EncodeOnce", or "" when
-        the daemon has neither (then `Encode`)."""
+        """How to ask for an encode answered in one reply: "Framed" (the framed socket),
+        "EncodeSession" (a kept call; it has no per-request deadline, so only without
+        one), "EncodeOnce", or "" when the daemon has none of them (then `Encode`)."""
+        if self.framed:
+            return "Framed"
         if deadline is None and "EncodeSession" in self._one_reply_ways:
             return "EncodeSession"
         return "EncodeOnce" if "EncodeOnce" in self._one_reply_ways else ""
 
     def unimplemented(self, way: str) -> None:
+        if way == "Framed":
+            self.framed = ""
         self._one_reply_ways.discard(way)
 
     @property
@@ -233,6 +241,7 @@ class ClientCore:
                 log.info("shared memory out of reach, sending frames inline: %s", self.target)
                 self.inline = True
         self.attachment = attachment
+        self.framed = framed_path(self.target, resp.framed_socket)
         self._spare = None  # leases belong to the old token
         return attachment
 

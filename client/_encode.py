@@ -138,17 +138,19 @@ def _call_encode(
 ) -> Steps[EncodeResult]:
     """Ask for the encode and take the replies. `once`: the output is a file or cannot
     come near a one-reply result's 7 MiB, so a caller that wants no progress and no
-    chunks gets the result as one reply: on a kept EncodeSession call (no deadline), else
-    as an EncodeOnce call. A stream costs a round of messages more than EncodeOnce (0.3 ms
-    of a 448x256x4 clip's 1.7 ms outside the daemon on the H200 host), and EncodeOnce a
-    new call more than a kept session."""
+    chunks gets the result as one reply: on a kept connection to the daemon's framed
+    socket, else on a kept EncodeSession call (no deadline), else as an EncodeOnce call.
+    A stream costs a round of messages more than EncodeOnce (0.3 ms of a 448x256x4 clip's
+    1.7 ms outside the daemon on the H200 host), EncodeOnce a new call more than a kept
+    session, and a kept session gRPC's threads and HTTP/2 more than the framed socket."""
     asked_at = time.monotonic()
     deadline = timeout or core.timeout
     while once and not builder.wants_events and not builder.has_result:
         way = core.one_reply_way(deadline)
         try:
-            if way == "EncodeSession":
-                reply: pb.SessionReply = yield Exchange(request)
+            if way in ("Framed", "EncodeSession"):
+                framed = core.framed if way == "Framed" else ""
+                reply: pb.SessionReply = yield Exchange(request, framed, deadline)
                 if reply.HasField("error"):
                     raise error_from_session(reply.error)
                 builder.take_result(reply.result)

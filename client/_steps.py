@@ -49,10 +49,14 @@ class Replies:
 
 @dataclass(frozen=True)
 class Exchange:
-    """One request on an EncodeSession call that the driver keeps open for the next one
-    (a call per request in flight, reused); the driver returns its `SessionReply`."""
+    """One request on a kept session, which the driver keeps open for the next one (one
+    per request in flight, reused): a connection to the framed socket at `framed`, else an
+    EncodeSession call. The driver returns its `SessionReply`. `timeout` is the client's
+    own, on the framed socket only (a request on a kept call cannot carry one)."""
 
     request: pb.EncodeRequest
+    framed: str = ""
+    timeout: float | None = None
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from sidecar.api.v1 import sidecar_pb2 as pb
 from ._api import ClientApi
 from ._core import fork_generation, keep_after_fork, open_channel
 from ._errors import SidecarUnavailable
+from ._framed import FramedConnection
 from ._steps import (
     Call,
     Exchange,
@@ -68,7 +69,7 @@ class SidecarClient(ClientApi[EncodeResult, "VideoStream"]):
         if isinstance(op, Call):
             return getattr(self._stubs[op.service], op.method)(op.request, timeout=op.timeout)
         if isinstance(op, Exchange):
-            return self._sessions.exchange(op.request)
+            return self._sessions.exchange(op)
         if isinstance(op, Replies):
             for event in self._stubs["sidecar"].Encode(op.request, timeout=op.timeout):
                 op.feed(event)
@@ -186,39 +187,42 @@ class _StreamCall:
 
 
 class _Sessions:
-    """EncodeSession calls kept open between encodes: one per encode in flight, each
-    taken by one request at a time and put back after its reply."""
+    """Sessions kept open between encodes: framed connections (by socket path) and
+    EncodeSession calls, one per encode in flight, each taken by one request at a time
+    and put back after its reply."""
 
     def __init__(self, stub: Any) -> None:
         self._stub = stub
-        self._idle: list[_Session] = []
+        self._idle: dict[str, list[_Session | FramedConnection]] = {}
         self._lock = threading.Lock()
 
-    def exchange(self, request: pb.EncodeRequest) -> pb.SessionReply:
-        session = self._take()
+    def exchange(self, op: Exchange) -> pb.SessionReply:
+        session = self._take(op.framed)
         try:
-            reply = session.ask(request)
+            reply = session.ask(op.request, op.timeout)
         except BaseException:
             session.end(cancel=True)  # in an unknown state: a reply may still come
             raise
         with self._lock:
-            self._idle.append(session)
+            self._idle.setdefault(op.framed, []).append(session)
         return reply
 
-    def _take(self) -> _Session:
+    def _take(self, framed: str) -> _Session | FramedConnection:
         with self._lock:
-            while self._idle:
-                session = self._idle.pop()
+            idle = self._idle.get(framed, [])
+            while idle:
+                session = idle.pop()
                 if session.open:
                     return session
-                session.end()  # the daemon ended it (restart, shutdown): a new call
-        return _Session(self._stub)
+                session.end()  # the daemon ended it (restart, shutdown): a new one
+        return FramedConnection(framed) if framed else _Session(self._stub)
 
     def close(self) -> None:
         with self._lock:
-            idle, self._idle = self._idle, []
-        for session in idle:
-            session.end()
+            idle, self._idle = self._idle, {}
+        for sessions in idle.values():
+            for session in sessions:
+                session.end()
 
 
 class _Session:
@@ -233,7 +237,7 @@ class _Session:
     def open(self) -> bool:
         return not self._replies.done()
 
-    def ask(self, request: pb.EncodeRequest) -> pb.SessionReply:
+    def ask(self, request: pb.EncodeRequest, timeout: float | None = None) -> pb.SessionReply:
         self._requests.put(request)
         try:
             return next(self._replies)  # type: ignore[no-any-return]

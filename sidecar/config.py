@@ -72,6 +72,15 @@ class Config:
         default=False,
         metadata=_opt("allow TCP without TLS (trusted networks only)", parse_bool, "BOOL"),
     )
+    framed_socket: bool = field(
+        default=True,
+        metadata=_opt(
+            "also serve one-reply encodes on SOCKET.framed, without HTTP/2, for this host's "
+            "clients",
+            parse_bool,
+            "BOOL",
+        ),
+    )
     output_dir: str = field(
         default_factory=default_output_dir,
         metadata=_opt("root directory for file outputs; paths are confined to it", metavar="DIR"),

@@ -29,6 +29,7 @@ from .api.v1 import sidecar_pb2 as pb
 from .config import Config
 from .config_values import runtime_dir
 from .errors import StartupError
+from .framed import FramedServer
 from .metrics import Metrics
 from .service import Sidecar
 from .servicer import VideoSidecarServicer, add_to_server
@@ -62,6 +63,7 @@ class Server:
         self.health = health.aio.HealthServicer()
         self._grpc: grpc.aio.Server | None = None
         self._servicer: VideoSidecarServicer | None = None
+        self._framed: FramedServer | None = None
         self.tcp_port = 0
         self._socket_path = Path(config.socket)
 
@@ -137,15 +139,24 @@ class Server:
                     raise
             await server.start()
             self._grpc = server
-            os.chmod(self._socket_path, 0o660 if self.config.shm_group else 0o600)
-            if self.config.shm_group:
-                os.chown(self._socket_path, -1, grp.getgrnam(self.config.shm_group).gr_gid)
+            mode = 0o660 if self.config.shm_group else 0o600
+            gid = grp.getgrnam(self.config.shm_group).gr_gid if self.config.shm_group else -1
+            os.chmod(self._socket_path, mode)
+            os.chown(self._socket_path, -1, gid)
+            if self.config.framed_socket:
+                framed = FramedServer(self._servicer, self._socket_path)
+                if await framed.start(mode, gid):
+                    self._framed = framed
         except BaseException:
             await self.sidecar.close()
             raise
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        log.info("serving on %s", address)
+        log.info(
+            "serving on %s%s",
+            address,
+            f" (and framed on {self._framed.path})" if self._framed is not None else "",
+        )
         sd_notify("READY=1\nSTATUS=serving")
 
     async def shutdown(self) -> None:
@@ -166,6 +177,8 @@ class Server:
         if self._grpc is not None:
             # Long enough to send each stopped encode its status, no longer.
             await self._grpc.stop(grace=0.3 if self.force_exit else 1.0)
+        if self._framed is not None:
+            await self._framed.close()
         await self.sidecar.close()
         with contextlib.suppress(FileNotFoundError):
             self._socket_path.unlink()

@@ -138,6 +138,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         self.sidecar = sidecar
         self.observer = observer  # e.g. Prometheus metrics
         self._sessions = _Sessions()
+        self.framed_socket = ""  # the framed socket's file name, once it listens
 
     async def _fail(self, context: grpc.aio.ServicerContext, exc: SidecarError) -> None:
         code = status_of(exc)
@@ -148,7 +149,9 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
 
     @_mapped
     async def Attach(self, request: pb.AttachRequest, context: Any) -> pb.AttachResponse:
-        return attachment_to_proto(self.sidecar.attach(request.client_name, request.pid))
+        reply = attachment_to_proto(self.sidecar.attach(request.client_name, request.pid))
+        reply.framed_socket = self.framed_socket
+        return reply
 
     @_mapped
     async def Lease(self, request: pb.LeaseRequest, context: Any) -> pb.LeaseResponse:
@@ -181,7 +184,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         received_at = time.perf_counter()
         request_id, events = self._whole(request, received_at, one_reply=True)
         result = pb.EncodeResult()
-        with _CallEnd(context) as end:
+        with CallEnd.of(context) as end:
             try:
                 async for event in self._relay(
                     request_id, received_at, end.event(), events, _after_call(context)
@@ -197,27 +200,34 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         requests: AsyncIterator[pb.EncodeRequest | Undecodable],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.SessionReply]:
-        with _CallEnd(context) as end:
-            async for request in self._sessions.requests(requests):
-                received_at = time.perf_counter()
-                request_id, events = self._whole(request, received_at, one_reply=True)
-                sent: list[Callable[[], None]] = []
-                reply = pb.SessionReply()
-                try:
-                    stop = end.event()
-                    async for event in self._relay(
-                        request_id, received_at, stop, events, sent.append
-                    ):
-                        if isinstance(event, Result):
-                            reply = pb.SessionReply(
-                                result=result_to_proto(event, self.sidecar.config.lease_ttl)
-                            )
-                except SidecarError as exc:  # the request's error, as its reply
-                    self.sidecar.record_error(exc)
-                    reply = pb.SessionReply(error=session_error(exc))
+        with CallEnd.of(context) as end:
+            async for reply, sent in self.session(requests, end):
                 yield reply
                 for action in sent:
                     action()
+
+    async def session(
+        self, requests: AsyncIterator[pb.EncodeRequest | Undecodable], end: CallEnd
+    ) -> AsyncIterator[tuple[pb.SessionReply, list[Callable[[], None]]]]:
+        """A kept session's replies, one per request, in order, each with the actions to
+        run once it has gone out. Shared by EncodeSession and the framed socket."""
+        async for request in self._sessions.requests(requests):
+            received_at = time.perf_counter()
+            request_id, events = self._whole(request, received_at, one_reply=True)
+            sent: list[Callable[[], None]] = []
+            reply = pb.SessionReply()
+            try:
+                async for event in self._relay(
+                    request_id, received_at, end.event(), events, sent.append
+                ):
+                    if isinstance(event, Result):
+                        reply = pb.SessionReply(
+                            result=result_to_proto(event, self.sidecar.config.lease_ttl)
+                        )
+            except SidecarError as exc:  # the request's error, as its reply
+                self.sidecar.record_error(exc)
+                reply = pb.SessionReply(error=session_error(exc))
+            yield reply, sent
 
     def end_idle_sessions(self) -> None:
         """At shutdown: end every EncodeSession call between requests, and each other
@@ -272,7 +282,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.EncodeEvent]:
         """A reply stream's messages: the encode's events, and its error as the status."""
-        with _CallEnd(context) as end:
+        with CallEnd.of(context) as end:
             try:
                 async for event in self._relay(
                     request_id, received_at, end.event(), events, _after_call(context)
@@ -377,35 +387,40 @@ def session_error(exc: SidecarError) -> pb.SessionError:
     )
 
 
-class _CallEnd:
+class CallEnd:
     """Stops a call's encodes when the call ends early (the client gone, its deadline
     passed). Each encode gets an event of its own, as a job sets its event to stop its own
     parts when it fails: a kept session's next request must not find it set."""
 
-    def __init__(self, context: grpc.aio.ServicerContext) -> None:
-        self._ended = False
+    def __init__(self, remaining: float | None = None) -> None:
+        self.ended = False
         self._current: threading.Event | None = None
-        context.add_done_callback(lambda _context: self._end())
-        remaining = context.time_remaining()
         self._deadline = (
-            asyncio.get_running_loop().call_later(max(0.0, remaining), self._end)
+            asyncio.get_running_loop().call_later(max(0.0, remaining), self.end)
             if remaining is not None
             else None
         )
 
+    @classmethod
+    def of(cls, context: grpc.aio.ServicerContext) -> CallEnd:
+        """Ended by the gRPC call's end or its deadline."""
+        end = cls(context.time_remaining())
+        context.add_done_callback(lambda _context: end.end())
+        return end
+
     def event(self) -> threading.Event:
         """The next encode's stop event; already set once the call has ended."""
         self._current = threading.Event()
-        if self._ended:
+        if self.ended:
             self._current.set()
         return self._current
 
-    def _end(self) -> None:
-        self._ended = True
+    def end(self) -> None:
+        self.ended = True
         if self._current is not None:
             self._current.set()
 
-    def __enter__(self) -> _CallEnd:
+    def __enter__(self) -> CallEnd:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -3,7 +3,10 @@ internal one, never reads outside a lease, and keeps serving."""
 
 from __future__ import annotations
 
+import contextlib
 import queue
+import socket
+import struct
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,6 +71,9 @@ def stub(daemon: Daemon) -> Iterator[tuple[pb_grpc.VideoSidecarStub, str]]:
         for kept in _SESSIONS.values():
             kept.requests.put(None)
         _SESSIONS.clear()
+        for connection in _FRAMED.values():
+            connection.sock.close()
+        _FRAMED.clear()
     print("\nfuzz answers:", dict(sorted(COUNTS.items())))
 
 
@@ -92,20 +98,69 @@ class Session:
     def ask(self, request: pb.EncodeRequest) -> grpc.StatusCode:
         """The request's status code, from its reply; every request gets exactly one."""
         self.requests.put(request)
-        reply = next(self.replies)
-        if reply.HasField("result"):
-            return grpc.StatusCode.OK
-        assert reply.HasField("error") and reply.error.message, reply
-        code = {c.value[0]: c for c in grpc.StatusCode}[reply.error.code]
-        assert reply.error.reason != pb.ERROR_REASON_UNSPECIFIED, reply
-        return code
+        return reply_code(next(self.replies))
+
+
+class Framed:
+    """One connection to the framed socket kept open across requests, as the client
+    keeps it."""
+
+    def __init__(self, path: str, preamble: bytes = b"VSF1") -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(120)
+        self.sock.connect(path)
+        self.sock.sendall(preamble)
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(struct.pack(">I", len(data)) + data)
+
+    def reply(self) -> pb.SessionReply | None:
+        """The next reply; None once the daemon has closed the connection."""
+        header = self._exactly(4)
+        if header is None:
+            return None
+        body = self._exactly(struct.unpack(">I", header)[0])
+        assert body is not None, "a reply cut short"
+        return pb.SessionReply.FromString(body)
+
+    def _exactly(self, size: int) -> bytes | None:
+        data = b""
+        while len(data) < size:
+            more = self.sock.recv(size - len(data))
+            if not more:
+                return None
+            data += more
+        return data
+
+    def ask(self, request: pb.EncodeRequest) -> grpc.StatusCode:
+        self.send(request.SerializeToString())
+        reply = self.reply()
+        assert reply is not None, "the daemon ended a kept framed connection"
+        return reply_code(reply)
+
+
+def reply_code(reply: pb.SessionReply) -> grpc.StatusCode:
+    """A session reply's status code: OK for a result, else its error's, which must say
+    why."""
+    if reply.HasField("result"):
+        return grpc.StatusCode.OK
+    assert reply.HasField("error") and reply.error.message, reply
+    assert reply.error.reason != pb.ERROR_REASON_UNSPECIFIED, reply
+    return {c.value[0]: c for c in grpc.StatusCode}[reply.error.code]
 
 
 _SESSIONS: dict[int, Session] = {}
+_FRAMED: dict[str, Framed] = {}
 
 
 def session(s: pb_grpc.VideoSidecarStub) -> Session:
     return _SESSIONS.setdefault(id(s), Session(s))
+
+
+def framed(daemon: Daemon) -> Framed:
+    if daemon.socket not in _FRAMED:
+        _FRAMED[daemon.socket] = Framed(f"{daemon.socket}.framed")
+    return _FRAMED[daemon.socket]
 
 
 def in_bounds(r: pb.FrameRange, width: int, height: int, fmt: int) -> bool:
@@ -145,9 +200,10 @@ ranges = st.builds(
     path=st.one_of(st.none(), HOSTILE_PATHS),
     container=st.integers(-2, 6),
     data_in=st.tuples(st.booleans(), st.booleans(), st.booleans()),
-    way=st.sampled_from(["Encode", "EncodeOnce", "EncodeSession"]),
+    way=st.sampled_from(["Encode", "EncodeOnce", "EncodeSession", "Framed"]),
 )
 def test_encode_descriptors(
+    daemon,
     stub,
     width,
     height,
@@ -193,8 +249,14 @@ def test_encode_descriptors(
         data_in_lease=data_in[1],  # outputs this small come in the result or in chunks
         data_in_next_lease=data_in[2],  # no next lease is asked for: no effect
     )
-    # A session is one call for the whole run: no request's error may end it.
-    code = session(s).ask(request) if way == "EncodeSession" else call(getattr(s, way), request)
+    # A session is one call (a framed connection, one connection) for the whole run: no
+    # request's error may end it.
+    if way == "EncodeSession":
+        code = session(s).ask(request)
+    elif way == "Framed":
+        code = framed(daemon).ask(request)
+    else:
+        code = call(getattr(s, way), request)
     COUNTS[code.name] += 1
     assert code in ACCEPTABLE, (code, request)
     if code == grpc.StatusCode.OK:
@@ -596,6 +658,77 @@ def test_codec_options_grammar(daemon: Daemon, stub, choice) -> None:  # type: i
     assert not planted, f"an option wrote {planted}"
     for where in (Path.cwd(), daemon.dir):  # the daemon runs in the test's directory
         assert not list(where.glob("*2pass*")), "an option wrote a pass log"
+
+
+@st.composite
+def framed_tail(draw) -> tuple[bytes, bool]:  # type: ignore[no-untyped-def]
+    """What may follow the good frames: nothing, a length over the limit (answered,
+    then the connection ends: True), a frame cut short, or bytes with no framing."""
+    kind = draw(st.sampled_from(["none", "oversized", "cut", "junk"]))
+    if kind == "oversized":
+        length = draw(st.integers(8 * 1024 * 1024 + 1, 2**32 - 1))
+        return struct.pack(">I", length) + bytes(draw(st.binary(max_size=64))), True
+    if kind == "cut":
+        length = draw(st.integers(1, 4096))
+        return struct.pack(">I", length) + bytes(draw(st.binary(max_size=length - 1))), False
+    if kind == "junk":
+        return bytes(draw(st.binary(min_size=1, max_size=64))), False
+    return b"", False
+
+
+@settings(
+    max_examples=600,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(data=st.data())
+def test_raw_framed_bytes(daemon: Daemon, stub, data) -> None:  # type: ignore[no-untyped-def]
+    """Bytes straight onto the framed socket: a preamble (now and then a wrong one),
+    frames of random, cut, flipped and spliced messages, then something hostile. Each
+    frame gets one reply, in order, with a documented status; a wrong preamble gets none;
+    an oversized length gets one and the connection ends."""
+    s, token = stub
+    stand_in = "e" * 32
+    preamble = data.draw(
+        st.one_of(st.just(b"VSF1"), st.just(b"VSF1"), st.binary(min_size=4, max_size=4)),
+        label="preamble",
+    )
+    drawn = data.draw(st.lists(raw_messages(token, stand_in), max_size=3), label="messages")
+    tail, ends = data.draw(framed_tail(), label="tail")
+    lease = s.Lease(pb.LeaseRequest(client_token=token, size=LEASE, wait_ms=5000))
+    messages = [m.replace(stand_in.encode(), lease.lease_id.encode()) for m in drawn]
+    connection = Framed(f"{daemon.socket}.framed", preamble=b"")
+    try:
+        try:
+            connection.sock.sendall(
+                preamble + b"".join(struct.pack(">I", len(m)) + m for m in messages) + tail
+                if preamble == b"VSF1"
+                else preamble
+            )
+        except (BrokenPipeError, ConnectionResetError):
+            assert preamble != b"VSF1"
+        if preamble != b"VSF1":
+            with contextlib.suppress(OSError):
+                connection.sock.shutdown(socket.SHUT_WR)
+            assert connection.reply() is None, "a stranger got a reply"
+            COUNTS["framed:hung-up"] += 1
+        else:
+            for _ in range(len(messages) + ends):
+                reply = connection.reply()
+                assert reply is not None, "a frame went unanswered"
+                code = reply_code(reply)
+                COUNTS["framed:" + code.name] += 1
+                assert code in ACCEPTABLE | {grpc.StatusCode.RESOURCE_EXHAUSTED}, (code, messages)
+                for spare in (reply.result.next_lease.lease_id, reply.result.data_lease.lease_id):
+                    if spare:
+                        call(s.Release, pb.ReleaseRequest(client_token=token, lease_id=spare))
+            if ends:
+                assert connection.reply() is None, "the connection outlived an oversized frame"
+    except ConnectionResetError:
+        assert preamble != b"VSF1"
+    finally:
+        connection.sock.close()
+        call(s.Release, pb.ReleaseRequest(client_token=token, lease_id=lease.lease_id))
 
 
 def test_still_serving_and_nothing_held(daemon: Daemon, stub) -> None:  # type: ignore[no-untyped-def]

@@ -558,13 +558,16 @@ def test_a_session_answers_each_request_and_outlives_its_errors(daemon: Daemon) 
         assert c.status().pool["active_leases"] == 0
 
 
-def test_encodes_without_a_deadline_share_kept_sessions(
-    daemon: Daemon, connect, twin: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The blocking client sends clips answered in one reply on an EncodeSession call it
-    keeps, one call per encode in flight; a deadline, which a session request cannot
-    carry, makes it an EncodeOnce call. A refused request leaves the session usable. The
-    asyncio client keeps no sessions (see `AsyncSidecarClient`): EncodeOnce calls."""
+@pytest.mark.parametrize("framed", [True, False], ids=["framed", "grpc-only"])
+def test_one_reply_encodes_share_kept_sessions(
+    make_daemon, connect, twin: str, framed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Clips answered in one reply go on kept connections to the daemon's framed socket,
+    one per encode in flight, deadline or not, from either client. Without the framed
+    socket the blocking client keeps EncodeSession calls instead, and a deadline, which a
+    session request cannot carry, makes it an EncodeOnce call; the asyncio client keeps
+    no gRPC sessions (see `AsyncSidecarClient`): EncodeOnce calls. A refused request
+    leaves a kept session usable."""
     from client import InvalidArgument
     from client._core import ClientCore
 
@@ -576,8 +579,10 @@ def test_encodes_without_a_deadline_share_kept_sessions(
         return ways[-1]
 
     monkeypatch.setattr(ClientCore, "one_reply_way", recording)
+    d = make_daemon(framed_socket=framed)
+    assert Path(f"{d.socket}.framed").is_socket() == framed
     clip = moving_pattern(4, 64, 96)
-    with connect(daemon) as c:
+    with connect(d) as c:
         first = c.encode(clip).data
         with pytest.raises(InvalidArgument, match="crf"):
             c.encode(clip, crf=99)
@@ -585,11 +590,15 @@ def test_encodes_without_a_deadline_share_kept_sessions(
             outputs = list(pool.map(lambda _: c.encode(clip).data, range(8)))
         timed = c.encode(clip, timeout=30).data
         status = c.status()
-    kept = "EncodeSession" if twin == "sync" else "EncodeOnce"
-    assert ways == [kept] * 10 + ["EncodeOnce"]
+    if framed:
+        assert ways == ["Framed"] * 11
+    else:
+        kept = "EncodeSession" if twin == "sync" else "EncodeOnce"
+        assert ways == [kept] * 10 + ["EncodeOnce"]
     assert all(out == first for out in [*outputs, timed])
     assert len(decode(first or b"")[0]) == 4
     assert status.pool["active_leases"] <= 1  # the spare at most
+    assert status.active_encodes == 0
 
 
 def test_shutdown_ends_an_idle_session_at_once(make_daemon, connect) -> None:  # type: ignore[no-untyped-def]

@@ -113,20 +113,22 @@ class Limits(_message.Message):
     def __init__(self, max_lease_bytes: _Optional[int] = ..., alignment: _Optional[int] = ..., max_frames: _Optional[int] = ..., max_width: _Optional[int] = ..., max_height: _Optional[int] = ..., max_request_bytes: _Optional[int] = ..., lease_ttl_ms: _Optional[int] = ..., max_lease_wait_ms: _Optional[int] = ...) -> None: ...
 
 class AttachResponse(_message.Message):
-    __slots__ = ("client_token", "instance_id", "shm_dir", "slabs", "limits", "server_version")
+    __slots__ = ("client_token", "instance_id", "shm_dir", "slabs", "limits", "server_version", "framed_socket")
     CLIENT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     SHM_DIR_FIELD_NUMBER: _ClassVar[int]
     SLABS_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
     SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    FRAMED_SOCKET_FIELD_NUMBER: _ClassVar[int]
     client_token: str
     instance_id: str
     shm_dir: str
     slabs: _containers.RepeatedCompositeFieldContainer[Slab]
     limits: Limits
     server_version: str
-    def __init__(self, client_token: _Optional[str] = ..., instance_id: _Optional[str] = ..., shm_dir: _Optional[str] = ..., slabs: _Optional[_Iterable[_Union[Slab, _Mapping]]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., server_version: _Optional[str] = ...) -> None: ...
+    framed_socket: str
+    def __init__(self, client_token: _Optional[str] = ..., instance_id: _Optional[str] = ..., shm_dir: _Optional[str] = ..., slabs: _Optional[_Iterable[_Union[Slab, _Mapping]]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., server_version: _Optional[str] = ..., framed_socket: _Optional[str] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
     __slots__ = ("client_token", "size", "wait_ms")

@@ -1,0 +1,160 @@
+"""The framed socket's client side: EncodeSession's messages on a plain Unix socket.
+
+A daemon names the socket in its Attach reply (see `sidecar.framed` for the protocol).
+It spares each one-reply encode gRPC's threads and HTTP/2 framing: most of what a short
+clip costs outside the daemon. One connection carries one request at a time; the drivers
+keep one per encode in flight, as they would EncodeSession calls.
+
+A connection that cannot be opened reads as a way the daemon lacks (UNIMPLEMENTED): the
+client then uses gRPC until it attaches again. A deadline is the client's own: when it
+passes, the client closes the connection, which stops the encode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import select
+import socket
+import struct
+
+import grpc
+
+from sidecar.api.v1 import sidecar_pb2 as pb
+from sidecar.vocabulary import MAX_MESSAGE_BYTES
+
+from ._errors import DeadlineExceeded, SidecarError, SidecarUnavailable, error_for
+
+PREAMBLE = b"VSF1"
+_LENGTH = struct.Struct(">I")
+_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+_ENDED = "the daemon ended the framed connection; it is shutting down or restarting"
+
+
+def framed_path(target: str, name: str) -> str:
+    """The framed socket beside the gRPC socket `target`, or "" if there is none to use:
+    the daemon named none, the target is not a Unix socket path, or the name is not a
+    plain file name (a daemon's answer is checked like any input)."""
+    if not name or not target.startswith("unix:") or not _NAME_RE.fullmatch(name):
+        return ""
+    path = target.removeprefix("unix:").removeprefix("//")
+    if not path.startswith("/"):
+        return ""
+    return os.path.join(os.path.dirname(path), name)
+
+
+def unreachable(path: str, exc: OSError) -> SidecarError:
+    return error_for(grpc.StatusCode.UNIMPLEMENTED, f"framed socket {path}: {exc.strerror or exc}")
+
+
+def _frame(request: pb.EncodeRequest) -> bytes:
+    data = request.SerializeToString()
+    return _LENGTH.pack(len(data)) + data
+
+
+def _reply_length(header: bytes | bytearray) -> int:
+    length: int = _LENGTH.unpack(header)[0]
+    if length > MAX_MESSAGE_BYTES:
+        raise SidecarUnavailable(f"the framed socket sent a {length}-byte reply; not a daemon's")
+    return length
+
+
+def _reply(data: bytes | bytearray) -> pb.SessionReply:
+    try:
+        return pb.SessionReply.FromString(data)  # type: ignore[arg-type]  # any buffer
+    except Exception:  # DecodeError: not our daemon speaking
+        raise SidecarUnavailable("the framed socket sent bytes that are no reply") from None
+
+
+class FramedConnection:
+    """One blocking connection; `ask` sends a request and reads its reply."""
+
+    def __init__(self, path: str) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(5.0)
+            sock.connect(path)
+            sock.sendall(PREAMBLE)
+        except OSError as exc:
+            sock.close()
+            raise unreachable(path, exc) from None
+        self._sock = sock
+        self._poll = select.poll()
+        self._poll.register(sock, select.POLLIN)
+
+    @property
+    def open(self) -> bool:
+        """False once the daemon has closed it: between requests it sends nothing."""
+        return not self._poll.poll(0)
+
+    def ask(self, request: pb.EncodeRequest, timeout: float | None) -> pb.SessionReply:
+        sock = self._sock
+        sock.settimeout(timeout)
+        try:
+            sock.sendall(_frame(request))
+            header = self._read(_LENGTH.size)
+            return _reply(self._read(_reply_length(header)))
+        except TimeoutError:
+            raise DeadlineExceeded("the deadline passed before the daemon's reply") from None
+        except OSError as exc:
+            raise SidecarUnavailable(f"framed connection lost: {exc.strerror or exc}") from None
+
+    def _read(self, size: int) -> bytearray:
+        data = bytearray(size)
+        view = memoryview(data)
+        got = 0
+        while got < size:
+            n = self._sock.recv_into(view[got:])
+            if n == 0:
+                raise SidecarUnavailable(_ENDED)
+            got += n
+        return data
+
+    def end(self, *, cancel: bool = False) -> None:
+        """Close it; the daemon stops an encode still running on it. Shut down first, as
+        a child after fork may hold the same socket, and the daemon must see it close."""
+        with contextlib.suppress(OSError):  # already closed by the daemon
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+
+
+class AsyncFramedConnection:
+    """One connection on the running event loop; `ask` as `FramedConnection`'s."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+
+    @classmethod
+    async def open_to(cls, path: str) -> AsyncFramedConnection:
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), 5.0)
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise unreachable(path, OSError(str(exc))) from None
+        writer.write(PREAMBLE)
+        return cls(reader, writer)
+
+    @property
+    def open(self) -> bool:
+        return not self._reader.at_eof() and not self._writer.is_closing()
+
+    async def ask(self, request: pb.EncodeRequest, timeout: float | None) -> pb.SessionReply:
+        try:
+            return await asyncio.wait_for(self._ask(request), timeout)
+        except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11
+            raise DeadlineExceeded("the deadline passed before the daemon's reply") from None
+        except asyncio.IncompleteReadError:
+            raise SidecarUnavailable(_ENDED) from None
+        except OSError as exc:
+            raise SidecarUnavailable(f"framed connection lost: {exc.strerror or exc}") from None
+
+    async def _ask(self, request: pb.EncodeRequest) -> pb.SessionReply:
+        self._writer.write(_frame(request))
+        await self._writer.drain()
+        header = await self._reader.readexactly(_LENGTH.size)
+        return _reply(await self._reader.readexactly(_reply_length(header)))
+
+    def end(self, *, cancel: bool = False) -> None:
+        self._writer.close()

@@ -1,0 +1,268 @@
+"""The framed socket, against the real daemon: its protocol byte by byte, its errors, and
+the client's use of it (deadlines, cancelling, fallback, restarts)."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from client.patterns import moving_pattern
+from sidecar.api.v1 import sidecar_pb2 as pb
+
+from .helpers import Daemon, decode, psnr
+
+CLIP = moving_pattern(3, 48, 64)
+
+
+class Raw:
+    """A framed connection driven by hand."""
+
+    def __init__(self, daemon: Daemon, preamble: bytes = b"VSF1") -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(30)
+        self.sock.connect(f"{daemon.socket}.framed")
+        self.sock.sendall(preamble)
+
+    def send(self, message: bytes) -> None:
+        self.sock.sendall(struct.pack(">I", len(message)) + message)
+
+    def reply(self) -> pb.SessionReply | None:
+        """The next reply, or None once the daemon has closed the connection."""
+        header = self._exactly(4)
+        if header is None:
+            return None
+        body = self._exactly(struct.unpack(">I", header)[0])
+        assert body is not None, "the connection ended inside a reply"
+        return pb.SessionReply.FromString(body)
+
+    def _exactly(self, size: int) -> bytes | None:
+        data = b""
+        while len(data) < size:
+            more = self.sock.recv(size - len(data))
+            if not more:
+                assert not data, "the connection ended inside a reply"
+                return None
+            data += more
+        return data
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def rgb_request(token: str, lease_id: str, frames: int = 3, w: int = 64, h: int = 48) -> bytes:
+    video = pb.VideoDescriptor(
+        width=w, height=h, pixel_format=pb.PIXEL_FORMAT_RGB24, fps=pb.Rational(num=24, den=1),
+        ranges=[pb.FrameRange(lease_id=lease_id, frame_count=frames)],
+    )  # fmt: skip
+    output = pb.OutputSpec()
+    output.bytes.SetInParent()
+    return pb.EncodeRequest(client_token=token, video=video, output=output).SerializeToString()
+
+
+def filled_lease(client: Any, clip: np.ndarray = CLIP) -> str:
+    lease = client.lease(clip.nbytes)
+    lease.array[: clip.nbytes] = clip.reshape(-1)
+    return str(lease.id)
+
+
+def wait_idle(client: Any, timeout: float = 10.0) -> Any:
+    """The daemon's status once no encode runs."""
+    end = time.monotonic() + timeout
+    while True:
+        status = client.status()
+        if status.active_encodes == 0 or time.monotonic() > end:
+            return status
+        time.sleep(0.02)
+
+
+def test_each_request_gets_one_reply_in_order_and_errors_do_not_end_it(
+    daemon: Daemon,
+) -> None:
+    """Good requests, an unknown lease and bytes that are no message, one connection:
+    a reply each, in order; the errors are replies with the status EncodeOnce would
+    have had, and the connection carries on."""
+    from client import SidecarClient
+
+    with SidecarClient(daemon.socket) as c:
+        token = c.attach().client_token
+        raw = Raw(daemon)
+        try:
+            raw.send(rgb_request(token, filled_lease(c)))
+            raw.send(rgb_request(token, "ab" * 16))
+            raw.send(b"\xff\x00\x01")
+            raw.send(rgb_request(token, filled_lease(c)))
+            replies = [raw.reply() for _ in range(4)]
+        finally:
+            raw.close()
+        assert [r.WhichOneof("outcome") if r else None for r in replies] == [
+            "result", "error", "error", "result"
+        ]  # fmt: skip
+        assert replies[1] is not None and replies[2] is not None
+        assert pb.ErrorReason.Name(replies[1].error.reason) == "ERROR_REASON_LEASE_NOT_FOUND"
+        assert replies[1].error.code == 5  # NOT_FOUND
+        assert replies[2].error.code == 3 and replies[2].error.field == "request"
+        for reply in (replies[0], replies[3]):
+            assert reply is not None
+            frames, _ = decode(reply.result.data)
+            assert len(frames) == 3 and psnr(frames, CLIP) > 35
+        assert wait_idle(c).pool["active_leases"] == 0
+
+
+def test_an_oversized_message_is_refused_and_ends_the_connection(daemon: Daemon) -> None:
+    from client import SidecarClient
+
+    raw = Raw(daemon)
+    try:
+        raw.sock.sendall(struct.pack(">I", 0xFFFFFFFF) + b"\x00" * 64)
+        reply = raw.reply()
+        assert reply is not None and reply.error.code == 3
+        assert "over the 8388608-byte limit" in reply.error.message
+        assert raw.reply() is None  # then the daemon closes it
+    finally:
+        raw.close()
+    with SidecarClient(daemon.socket) as c:
+        assert c.encode(CLIP).frames == 3
+
+
+@pytest.mark.parametrize(
+    "preamble,then",
+    [(b"GET / HTTP/1.1\r\n\r\n", b""), (b"VSF2", b""), (b"VS", b""), (b"VSF1", b"\x00\x00")],
+    ids=["http", "other-version", "cut-preamble", "cut-length"],
+)
+def test_a_stranger_is_hung_up_on(daemon: Daemon, preamble: bytes, then: bytes) -> None:
+    """Bytes that are not the protocol get no reply: the daemon closes the connection
+    and keeps serving."""
+    from client import SidecarClient
+
+    raw = Raw(daemon, preamble)
+    try:
+        raw.sock.sendall(then)
+        raw.sock.shutdown(socket.SHUT_WR)
+        assert raw.reply() is None
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the daemon hung up while we were still sending
+    finally:
+        raw.close()
+    with SidecarClient(daemon.socket) as c:
+        assert c.encode(CLIP).frames == 3
+        assert wait_idle(c).pool["active_leases"] <= 1
+
+
+def test_closing_the_connection_stops_its_encode(daemon: Daemon) -> None:
+    from client import SidecarClient
+
+    slow = moving_pattern(48, 176, 320)
+    with SidecarClient(daemon.socket) as c:
+        token = c.attach().client_token
+        video = pb.VideoDescriptor(
+            width=320, height=176, pixel_format=pb.PIXEL_FORMAT_RGB24,
+            fps=pb.Rational(num=24, den=1),
+            ranges=[pb.FrameRange(lease_id=filled_lease(c, slow), frame_count=48)],
+        )  # fmt: skip
+        codec = pb.CodecOptions(preset="veryslow", threads=1, crf=0)
+        output = pb.OutputSpec()
+        output.bytes.SetInParent()
+        request = pb.EncodeRequest(client_token=token, video=video, codec=codec, output=output)
+        raw = Raw(daemon)
+        raw.send(request.SerializeToString())
+        for _ in range(300):
+            if c.status().active_encodes:
+                break
+            time.sleep(0.01)
+        raw.close()
+        status = wait_idle(c)
+        assert status.active_encodes == 0
+        assert status.pool["active_leases"] == 0
+        assert c.encode(CLIP).frames == 3
+
+
+def test_a_deadline_on_the_framed_socket_stops_the_encode(daemon: Daemon, connect) -> None:  # type: ignore[no-untyped-def]
+    """The client keeps its own deadline: it closes the connection, and the daemon stops
+    the encode and frees its leases. The client's next encode works."""
+    from client import DeadlineExceeded
+
+    slow = moving_pattern(48, 176, 320)
+    with connect(daemon) as c:
+        c.encode(CLIP)
+        started = time.monotonic()
+        with pytest.raises(DeadlineExceeded):
+            c.encode(slow, preset="veryslow", crf=0, threads=1, timeout=0.3)
+        assert time.monotonic() - started < 5
+        status = wait_idle(c)
+        assert status.active_encodes == 0 and status.pool["active_leases"] <= 1
+        assert c.encode(CLIP).frames == 3
+
+
+def test_without_the_framed_socket_the_client_uses_grpc(make_daemon, connect) -> None:  # type: ignore[no-untyped-def]
+    """A framed socket that cannot be reached (removed here) reads as a way the daemon
+    lacks: the client goes on over gRPC, and tries the framed socket again when it
+    attaches anew."""
+    d = make_daemon()
+    path = Path(f"{d.socket}.framed")
+    with connect(d) as c:
+        assert c.encode(CLIP).frames == 3  # on a framed connection, kept
+        path.unlink()
+        assert c.encode(CLIP).frames == 3  # the kept connection still works
+        c.close()
+    with connect(d) as c:  # a new client: its first connection fails
+        first = c.encode(CLIP)
+        assert first.frames == 3 and len(decode(first.data or b"")[0]) == 3
+
+
+def test_a_restarted_daemon_is_found_again(make_daemon, connect) -> None:  # type: ignore[no-untyped-def]
+    """Kept framed connections to a daemon that went away are dropped, and the next
+    encode reaches the new daemon on a new one."""
+    d = make_daemon()
+    with connect(d) as c:
+        assert c.encode(CLIP).frames == 3
+        assert d.stop() == 0
+        d.start()
+        for _ in range(3):
+            assert c.encode(CLIP).frames == 3
+        assert wait_idle(c).pool["active_leases"] <= 1
+
+
+def test_shutdown_ends_idle_framed_connections_at_once(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    """An idle kept connection does not hold the daemon's shutdown for its grace."""
+    from client import SidecarClient, SidecarUnavailable
+
+    d = make_daemon(shutdown_grace=20)
+    with SidecarClient(d.socket) as c:
+        assert c.encode(CLIP).frames == 3
+        started = time.monotonic()
+        assert d.stop() == 0
+        assert time.monotonic() - started < 10
+        assert not Path(f"{d.socket}.framed").exists()
+        with pytest.raises(SidecarUnavailable):
+            c.encode(CLIP)
+
+
+def test_the_framed_socket_has_the_grpc_sockets_mode(make_daemon, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import grp
+    import os
+    import stat
+
+    private = make_daemon()
+    assert stat.S_IMODE(os.stat(f"{private.socket}.framed").st_mode) == 0o600
+    group = grp.getgrgid(os.getgid()).gr_name
+    shared = make_daemon(shm_group=group, socket=str(tmp_path / "g" / "s.sock"))
+    st = os.stat(f"{shared.socket}.framed")
+    assert stat.S_IMODE(st.st_mode) == 0o660 and st.st_gid == os.getgid()
+
+
+def test_a_file_in_the_way_leaves_grpc_only(make_daemon, connect, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A file that is not a socket where the framed socket would go is left alone: the
+    daemon warns and serves gRPC only."""
+    sock = tmp_path / "s.sock"
+    (tmp_path / "s.sock.framed").write_text("precious")
+    d = make_daemon(socket=str(sock))
+    assert (tmp_path / "s.sock.framed").read_text() == "precious"
+    assert "no framed socket" in d.log()
+    with connect(d) as c:
+        assert c.encode(CLIP).frames == 3
