@@ -19,7 +19,9 @@ import os
 import queue
 import random
 import shutil
+import socket
 import statistics
+import struct
 import sys
 import tempfile
 import threading
@@ -122,6 +124,59 @@ class Session:
         self.requests.put(None)
 
 
+class Framed:
+    """A connection to the daemon's framed socket kept across requests, as the client
+    keeps it; `raw` sends bytes as given. A hostile `preamble` or a broken frame ends it,
+    and the next request opens another."""
+
+    def __init__(self, path: str, raw: bool = False) -> None:
+        self.path, self.raw = path, raw
+        self.sock: socket.socket | None = None
+
+    def __call__(self, request: Any, timeout: float | None = None) -> pb.EncodeResult:
+        data = request if self.raw else request.SerializeToString()
+        reply = self.ask(b"VSF1", struct.pack(">I", len(data)) + data, timeout)
+        if reply is None:  # hung up where a reply was due: a server error
+            raise ReplyError(pb.SessionError(code=grpc.StatusCode.UNKNOWN.value[0]))
+        if reply.HasField("error"):
+            raise ReplyError(reply.error)
+        return reply.result
+
+    def ask(self, preamble: bytes, data: bytes, timeout: float | None) -> pb.SessionReply | None:
+        """Send `data` (after `preamble` on a new connection) and read one reply; None if
+        the daemon closed the connection instead."""
+        if self.sock is None:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(timeout)
+            self.sock.connect(self.path)
+            data = preamble + data
+        try:
+            self.sock.sendall(data)
+            header = self._exactly(4)
+            body = self._exactly(struct.unpack(">I", header)[0]) if header else None
+        except OSError:
+            body = None
+        if body is None:
+            self.close()
+            return None
+        return pb.SessionReply.FromString(body)
+
+    def _exactly(self, size: int) -> bytes | None:
+        assert self.sock is not None
+        data = b""
+        while len(data) < size:
+            more = self.sock.recv(size - len(data))
+            if not more:
+                return None
+            data += more
+        return data
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
 class Fuzzer:
     """One client thread: its own channel, token, slab mappings, random stream and tallies."""
 
@@ -140,12 +195,16 @@ class Fuzzer:
         self.problems: list[str] = []
         self.held: set[str] = set()
         self.session, self.raw_session = Session(self.channel), Session(self.channel, raw=True)
+        self.framed = Framed(f"{socket}.framed")
+        self.raw_framed = Framed(f"{socket}.framed", raw=True)
 
     def close(self) -> None:
         for lease_id in sorted(self.held):
             self.release(lease_id, "cleanup")
         self.session.close()
         self.raw_session.close()
+        self.framed.close()
+        self.raw_framed.close()
         self.channel.close()
         for m in self.maps.values():
             m.close()
@@ -224,9 +283,9 @@ class Fuzzer:
         self.settle("descriptor", lease.lease_id, code)
 
     def encode_method(self) -> Callable[..., Any]:
-        """Encode (a reply stream), EncodeOnce (one reply) or a request on the kept
-        EncodeSession call, at random."""
-        return self.r.choice([self.stub.Encode, self.stub.EncodeOnce, self.session])
+        """Encode (a reply stream), EncodeOnce (one reply), or a request on the kept
+        EncodeSession call or framed connection, at random."""
+        return self.r.choice([self.stub.Encode, self.stub.EncodeOnce, self.session, self.framed])
 
     def audio(self, target: pb.EncodeRequest | pb.StreamHeader) -> tuple[list[pb.AudioData], str]:
         r = self.r
@@ -334,8 +393,37 @@ class Fuzzer:
             bidi = self.channel.stream_stream(SERVICE + method)
             fn = lambda p, timeout: bidi(iter([p, payload]), timeout=timeout)  # noqa: E731
         elif method == "EncodeSession":
-            fn = self.raw_session
+            fn = self.r.choice([self.raw_session, self.raw_framed])
         self.call(f"raw-{method}", fn, payload)
+
+    def hostile_framed(self) -> None:
+        """The framed socket's own framing broken: a wrong preamble, a length over the
+        limit, a message cut short. The daemon must hang up or refuse, and keep serving."""
+        r, connection = self.r, Framed(self.framed.path, raw=True)
+        pick = r.random()
+        try:
+            if pick < 0.4:
+                reply = connection.ask(r.randbytes(4), b"\x00\x00\x00\x02ab", 30)
+                kind, bad = "framed-preamble", reply is not None
+            elif pick < 0.7:
+                size = r.choice([8 * 1024 * 1024 + 1, 2**31, 2**32 - 1])
+                reply = connection.ask(b"VSF1", struct.pack(">I", size) + b"x" * 16, 30)
+                kind = "framed-oversized"
+                bad = reply is None or reply.error.code != grpc.StatusCode.INVALID_ARGUMENT.value[0]
+            else:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as cut:
+                    cut.settimeout(30)
+                    cut.connect(self.framed.path)
+                    cut.sendall(b"VSF1" + struct.pack(">I", r.randrange(9, 4096)) + r.randbytes(8))
+                kind, bad = "framed-cut", False
+        except OSError as exc:
+            kind, bad = "framed-error", True
+            self.problems.append(f"framed socket: {exc}")
+        finally:
+            connection.close()
+        self.codes[kind + (":UNEXPECTED" if bad else ":OK")] += 1
+        if bad:
+            self.problems.append(f"{kind}: the daemon answered a broken frame wrongly")
 
     def huge(self) -> None:
         r, pick = self.r, self.r.random()
@@ -364,6 +452,7 @@ class Fuzzer:
     def run_one(self) -> None:
         kinds = {self.descriptor: 28, self.encode: 16, lambda: self.encode(extra=True): 8,
                  self.stream: 12, self.hostile_stream: 8, self.raw: 12, self.huge: 4,
+                 self.hostile_framed: 3,
                  self.release_unknown: 6, self.attach: 4,
                  lambda: self.call("status", self.stub.Status, pb.StatusRequest()): 2}  # fmt: skip
         try:

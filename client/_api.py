@@ -48,6 +48,7 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
     """What `SidecarClient` and `AsyncSidecarClient` share; see `SidecarClient`."""
 
     _KEEPS_SESSIONS = True  # whether one-reply encodes go on kept EncodeSession calls
+    # (without a framed socket: both clients keep framed connections)
 
     def __init__(
         self,
@@ -185,9 +186,12 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
 
         Without `on_chunk` and `on_progress`, a clip of at most 4 MiB as 4:2:0 pictures
         (or one written to `path`) is answered in one reply with its output inside: a
-        request on an `EncodeSession` call that `SidecarClient` keeps open for the next
-        one (one call per encode in flight), or an `EncodeOnce` call (with a `timeout`,
-        and from `AsyncSidecarClient`). Anything else is `Encode`, a reply stream.
+        request on a connection to the daemon's framed socket that the client keeps open
+        for the next one (one per encode in flight; a `timeout` closes it, which stops
+        the encode). Without that socket (TCP, or a daemon that serves none): a request
+        on an `EncodeSession` call that `SidecarClient` keeps open, or an `EncodeOnce`
+        call (with a `timeout`, and from `AsyncSidecarClient`). Anything else is
+        `Encode`, a reply stream.
 
         Returns:
             An `EncodeResult`: `data` or `path`, frames, duration, size and timings.

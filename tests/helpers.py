@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import shutil
+import socket
+import struct
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +15,7 @@ import av
 import numpy as np
 
 from client import SidecarClient
+from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.launcher import DaemonProcess, serve_command
 
 SHM_DIR = Path("/dev/shm")
@@ -111,3 +114,39 @@ def decode(source: bytes | str | Path) -> tuple[np.ndarray, dict[str, Any]]:
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
     mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
     return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
+
+
+class RawFramed:
+    """A connection to a daemon's framed socket driven by hand: bytes as given."""
+
+    def __init__(self, path: str, preamble: bytes = b"VSF1", timeout: float = 120) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        self.sock.connect(path)
+        self.sock.sendall(preamble)
+
+    def send(self, message: bytes) -> None:
+        """One frame: the message's length, then the message."""
+        self.sock.sendall(struct.pack(">I", len(message)) + message)
+
+    def reply(self) -> pb.SessionReply | None:
+        """The next reply, or None once the daemon has closed the connection."""
+        header = self._exactly(4)
+        if header is None:
+            return None
+        body = self._exactly(struct.unpack(">I", header)[0])
+        assert body is not None, "the connection ended inside a reply"
+        return pb.SessionReply.FromString(body)
+
+    def _exactly(self, size: int) -> bytes | None:
+        data = b""
+        while len(data) < size:
+            more = self.sock.recv(size - len(data))
+            if not more:
+                assert not data, "the connection ended inside a reply"
+                return None
+            data += more
+        return data
+
+    def close(self) -> None:
+        self.sock.close()

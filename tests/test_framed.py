@@ -15,44 +15,13 @@ import pytest
 from client.patterns import moving_pattern
 from sidecar.api.v1 import sidecar_pb2 as pb
 
-from .helpers import Daemon, decode, psnr
+from .helpers import Daemon, RawFramed, decode, psnr
 
 CLIP = moving_pattern(3, 48, 64)
 
 
-class Raw:
-    """A framed connection driven by hand."""
-
-    def __init__(self, daemon: Daemon, preamble: bytes = b"VSF1") -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(30)
-        self.sock.connect(f"{daemon.socket}.framed")
-        self.sock.sendall(preamble)
-
-    def send(self, message: bytes) -> None:
-        self.sock.sendall(struct.pack(">I", len(message)) + message)
-
-    def reply(self) -> pb.SessionReply | None:
-        """The next reply, or None once the daemon has closed the connection."""
-        header = self._exactly(4)
-        if header is None:
-            return None
-        body = self._exactly(struct.unpack(">I", header)[0])
-        assert body is not None, "the connection ended inside a reply"
-        return pb.SessionReply.FromString(body)
-
-    def _exactly(self, size: int) -> bytes | None:
-        data = b""
-        while len(data) < size:
-            more = self.sock.recv(size - len(data))
-            if not more:
-                assert not data, "the connection ended inside a reply"
-                return None
-            data += more
-        return data
-
-    def close(self) -> None:
-        self.sock.close()
+def framed_to(daemon: Daemon, preamble: bytes = b"VSF1") -> RawFramed:
+    return RawFramed(f"{daemon.socket}.framed", preamble, timeout=30)
 
 
 def rgb_request(token: str, lease_id: str, frames: int = 3, w: int = 64, h: int = 48) -> bytes:
@@ -91,7 +60,7 @@ def test_each_request_gets_one_reply_in_order_and_errors_do_not_end_it(
 
     with SidecarClient(daemon.socket) as c:
         token = c.attach().client_token
-        raw = Raw(daemon)
+        raw = framed_to(daemon)
         try:
             raw.send(rgb_request(token, filled_lease(c)))
             raw.send(rgb_request(token, "ab" * 16))
@@ -117,7 +86,7 @@ def test_each_request_gets_one_reply_in_order_and_errors_do_not_end_it(
 def test_an_oversized_message_is_refused_and_ends_the_connection(daemon: Daemon) -> None:
     from client import SidecarClient
 
-    raw = Raw(daemon)
+    raw = framed_to(daemon)
     try:
         raw.sock.sendall(struct.pack(">I", 0xFFFFFFFF) + b"\x00" * 64)
         reply = raw.reply()
@@ -140,7 +109,7 @@ def test_a_stranger_is_hung_up_on(daemon: Daemon, preamble: bytes, then: bytes) 
     and keeps serving."""
     from client import SidecarClient
 
-    raw = Raw(daemon, preamble)
+    raw = framed_to(daemon, preamble)
     try:
         raw.sock.sendall(then)
         raw.sock.shutdown(socket.SHUT_WR)
@@ -169,7 +138,7 @@ def test_closing_the_connection_stops_its_encode(daemon: Daemon) -> None:
         output = pb.OutputSpec()
         output.bytes.SetInParent()
         request = pb.EncodeRequest(client_token=token, video=video, codec=codec, output=output)
-        raw = Raw(daemon)
+        raw = framed_to(daemon)
         raw.send(request.SerializeToString())
         for _ in range(300):
             if c.status().active_encodes:

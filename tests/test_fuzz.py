@@ -21,7 +21,7 @@ from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.codec_options import ALLOWED, KNOWN_DANGEROUS, KNOWN_DANGEROUS_PARAMS
 from sidecar.codec_rules import Params
 
-from .helpers import Daemon
+from .helpers import Daemon, RawFramed
 
 LEASE = 64 * 1024
 CLIENT_ERRORS = {
@@ -101,36 +101,9 @@ class Session:
         return reply_code(next(self.replies))
 
 
-class Framed:
+class Framed(RawFramed):
     """One connection to the framed socket kept open across requests, as the client
     keeps it."""
-
-    def __init__(self, path: str, preamble: bytes = b"VSF1") -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(120)
-        self.sock.connect(path)
-        self.sock.sendall(preamble)
-
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(struct.pack(">I", len(data)) + data)
-
-    def reply(self) -> pb.SessionReply | None:
-        """The next reply; None once the daemon has closed the connection."""
-        header = self._exactly(4)
-        if header is None:
-            return None
-        body = self._exactly(struct.unpack(">I", header)[0])
-        assert body is not None, "a reply cut short"
-        return pb.SessionReply.FromString(body)
-
-    def _exactly(self, size: int) -> bytes | None:
-        data = b""
-        while len(data) < size:
-            more = self.sock.recv(size - len(data))
-            if not more:
-                return None
-            data += more
-        return data
 
     def ask(self, request: pb.EncodeRequest) -> grpc.StatusCode:
         self.send(request.SerializeToString())
