@@ -137,7 +137,9 @@ def test_closing_the_connection_stops_its_encode(daemon: Daemon) -> None:
         codec = pb.CodecOptions(preset="veryslow", threads=1, crf=0)
         output = pb.OutputSpec()
         output.bytes.SetInParent()
-        request = pb.EncodeRequest(client_token=token, video=video, codec=codec, output=output)
+        request = pb.EncodeRequest(
+            client_token=token, video=video, codec=codec, output=output, request_id="close-me"
+        )
         raw = framed_to(daemon)
         raw.send(request.SerializeToString())
         for _ in range(300):
@@ -149,6 +151,7 @@ def test_closing_the_connection_stops_its_encode(daemon: Daemon) -> None:
         assert status.active_encodes == 0
         assert status.pool["active_leases"] == 0
         assert c.encode(CLIP).frames == 3
+    assert "request_id=close-me status=CANCELLED" in daemon.log()  # stopped, not finished
 
 
 def test_a_deadline_on_the_framed_socket_stops_the_encode(daemon: Daemon, connect) -> None:  # type: ignore[no-untyped-def]
@@ -156,16 +159,18 @@ def test_a_deadline_on_the_framed_socket_stops_the_encode(daemon: Daemon, connec
     the encode and frees its leases. The client's next encode works."""
     from client import DeadlineExceeded
 
-    slow = moving_pattern(48, 176, 320)
+    slow = moving_pattern(48, 176, 320)  # 3.9 MiB as 4:2:0: one reply; 0.5 s on two cores
+    request_id = f"late-{id(connect)}"
     with connect(daemon) as c:
         c.encode(CLIP)
         started = time.monotonic()
         with pytest.raises(DeadlineExceeded):
-            c.encode(slow, preset="veryslow", crf=0, threads=1, timeout=0.3)
+            c.encode(slow, preset="veryslow", crf=0, threads=1, timeout=0.15, request_id=request_id)
         assert time.monotonic() - started < 5
         status = wait_idle(c)
         assert status.active_encodes == 0 and status.pool["active_leases"] <= 1
         assert c.encode(CLIP).frames == 3
+    assert f"request_id={request_id} status=CANCELLED" in daemon.log()
 
 
 def test_without_the_framed_socket_the_client_uses_grpc(make_daemon, connect) -> None:  # type: ignore[no-untyped-def]

@@ -275,6 +275,17 @@ slabs = [e.path for e in os.scandir(sys.argv[2]) if not e.name.endswith(".lock")
 assert slabs, "no slabs"
 for path in slabs:
     os.close(os.open(path, os.O_RDWR | os.O_NOFOLLOW))
+import socket, struct
+with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as framed:  # bytes that are no message
+    framed.settimeout(5)
+    framed.connect(sys.argv[1] + ".framed")
+    framed.sendall(b"VSF1" + struct.pack(">I", 3) + b"\\xff\\x00\\x01")
+    header = b""
+    while len(header) < 4:
+        more = framed.recv(4 - len(header))
+        assert more, "the framed socket hung up"
+        header += more
+assert 0 < struct.unpack(">I", header)[0] < 4096, header
 print("worker ok", len(slabs))
 """
 
@@ -361,8 +372,9 @@ def test_daemonset_serves_on_a_fresh_node(node: Node) -> None:
         assert len(slabs) == 2
         for st in slabs:
             assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (UID, GID, 0o660)
-        sock = Path(socket_path).stat()
-        assert (sock.st_uid, sock.st_gid, stat.S_IMODE(sock.st_mode)) == (UID, GID, 0o660)
+        for path in (socket_path, f"{socket_path}.framed"):
+            sock = Path(path).stat()
+            assert (sock.st_uid, sock.st_gid, stat.S_IMODE(sock.st_mode)) == (UID, GID, 0o660)
 
         # The readiness probe as the kubelet runs it, in the sidecar container.
         probe = node.run([*as_daemon, *sidecar["readinessProbe"]["exec"]["command"]], env)
@@ -382,7 +394,7 @@ def test_daemonset_serves_on_a_fresh_node(node: Node) -> None:
             process.kill()
             process.wait()
     assert list(shm_dir.iterdir()) == [], "slabs or the lock file were left behind"
-    assert not Path(socket_path).exists()
+    assert not Path(socket_path).exists() and not Path(f"{socket_path}.framed").exists()
     # Nothing written outside its volumes (the root filesystem is read-only in the pod).
     for directory, owned in before.items():
         assert owned_by(directory, UID) == owned, directory
