@@ -159,17 +159,21 @@ class ResolvedCodec:
 SHORT_CLIP_FRAMES = 8
 
 
-def threading_for(frames: int, height: int, cores: int) -> tuple[int, str]:
+def threading_for(
+    frames: int, height: int, cores: int, *, converts: bool = False
+) -> tuple[int, str]:
     """(threads, thread_type) for an encode given `cores` to itself.
 
     Frame threads need frames to work on: a short clip gets slice threads instead (each
     frame split across cores, at least three macroblock rows a slice), a long one frame
-    threads (`frame_threads`), never more than it has frames.
+    threads (`frame_threads`, or `converting_frame_threads` when swscale converts its
+    frames beside it), never more than it has frames.
     """
     if frames <= SHORT_CLIP_FRAMES:
         rows = (height + 15) // 16
         return max(1, min(cores, rows // 3)), "SLICE"
-    return max(1, min(frame_threads(cores), frames)), "FRAME"
+    threads = converting_frame_threads(cores) if converts else frame_threads(cores)
+    return max(1, min(threads, frames)), "FRAME"
 
 
 def frame_threads(cores: int) -> int:
@@ -179,6 +183,19 @@ def frame_threads(cores: int) -> int:
     1344x768x122 11-12% faster than 16 (bench/results/2026-11-30-h200-threads-ab.md); 32
     were 30-45% slower (-frame-threads-ab.json). On 2 cores two were faster than one."""
     return cores if cores <= 4 else cores - cores // 4
+
+
+def converting_frame_threads(cores: int) -> int:
+    """x264 frame threads for one stream whose RGB frames are converted beside it, by
+    swscale with up to 8 threads of its own (`FrameConverter`): half the cores past four,
+    so that the two do not fight over them. On 16 cores 8 threads encoded rgb24
+    1344x768x122 2-20% faster than 12 on three hosts (-h200-threads-ab.md)."""
+    return cores if cores <= 4 else cores // 2
+
+
+def converts(geometry: Geometry) -> bool:
+    """Whether frames of this geometry go through swscale before the encoder."""
+    return geometry.layout.name != "yuv420p"
 
 
 def container_options(
@@ -243,7 +260,7 @@ class FrameConverter:
 
     def __init__(self, geometry: Geometry, threads: int) -> None:
         self._layout = geometry.layout
-        self._needs_convert = self._layout.name != "yuv420p"
+        self._needs_convert = converts(geometry)
         # PyAV mis-sizes borrowed 4:2:0 frames whose height is not a multiple of 4.
         self._copy_420 = self._layout.planar420 and geometry.height % 4 != 0
         self._reformatter = VideoReformatter()

@@ -15,7 +15,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from .config_values import cpu_count
-from .encoder import threading_for
+from .encoder import converts, threading_for
 from .errors import SidecarError
 from .jobs import EncodeJob
 from .plans import EncodeOutcome
@@ -113,5 +113,7 @@ class Scheduler:
         frames, height = job.plan.frames_total or 1 << 20, job.plan.geometry.height
         asked = job.plan.threads or self.encoder_threads
         share = asked or cpu_count() // max(1, self.active)
-        threads, thread_type = threading_for(frames, height, share)
+        threads, thread_type = threading_for(
+            frames, height, share, converts=converts(job.plan.geometry)
+        )
         return (asked or threads), thread_type, share  # an explicit count is honoured as given

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config_values import cpu_count
-from .encoder import ResolvedCodec, VideoEncoder, threading_for
+from .encoder import ResolvedCodec, VideoEncoder, converts, threading_for
 from .frames import Geometry
 
 # Only short clips are worth it: for long ones the open cost is lost in the encode.
@@ -108,7 +108,10 @@ def opener_for(key: EncoderKey, codec: ResolvedCodec, frames: int) -> Opener:
         if key.threads:
             return warm_up(key.geometry, codec, key.threads, key.thread_type)
         share = max(1, cpu_count() // concurrency)
-        return warm_up(key.geometry, codec, *threading_for(frames, key.geometry.height, share))
+        threading = threading_for(
+            frames, key.geometry.height, share, converts=converts(key.geometry)
+        )
+        return warm_up(key.geometry, codec, *threading)
 
     return open_one
 

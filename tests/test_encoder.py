@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 
 from client.patterns import moving_pattern
-from sidecar.encoder import CodecSpec, VideoEncoder, frame_threads, threading_for
+from sidecar.encoder import (
+    CodecSpec,
+    VideoEncoder,
+    converting_frame_threads,
+    frame_threads,
+    threading_for,
+)
 from sidecar.errors import InvalidRequest
 from sidecar.frames import Limits, check_geometry
 
@@ -94,3 +100,7 @@ def test_threads_for_short_and_long_clips() -> None:
     assert threading_for(10, 768, 16) == (10, "FRAME")  # never more threads than frames
     assert threading_for(4, 768, 16) == (16, "SLICE")
     assert threading_for(4, 64, 16) == (1, "SLICE")
+    # RGB input leaves half the cores to swscale's converter; 4:2:0 input needs none.
+    assert [converting_frame_threads(c) for c in (1, 2, 4, 8, 16, 32)] == [1, 2, 4, 4, 8, 16]
+    assert threading_for(122, 768, 16, converts=True) == (8, "FRAME")
+    assert threading_for(4, 768, 16, converts=True) == (16, "SLICE")
