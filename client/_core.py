@@ -191,8 +191,10 @@ class ClientCore:
             return "EncodeSession"
         return "EncodeOnce" if "EncodeOnce" in self._one_reply_ways else ""
 
-    def unimplemented(self, way: str) -> None:
+    def unimplemented(self, way: str, why: str = "") -> None:
+        """The daemon lacks `way` (or its framed socket cannot be reached): ask the next."""
         if way == "Framed":
+            log.info("%s; using gRPC until the next attach", why or "no framed socket")
             self.framed = ""
         self._one_reply_ways.discard(way)
 

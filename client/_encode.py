@@ -161,7 +161,7 @@ def _call_encode(
         except ServerError as err:
             if err.code != grpc.StatusCode.UNIMPLEMENTED:
                 raise
-            core.unimplemented(way)  # an older daemon: it never saw the request
+            core.unimplemented(way, str(err))  # an older daemon: it never saw the request
     if not builder.has_result:
         yield Replies(request, deadline, builder.feed)
     if builder.data_lease is not None:  # the output came back through shared memory

@@ -131,8 +131,10 @@ class AsyncFramedConnection:
     async def open_to(cls, path: str) -> AsyncFramedConnection:
         try:
             reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), 5.0)
-        except (OSError, asyncio.TimeoutError) as exc:
-            raise unreachable(path, OSError(str(exc))) from None
+        except asyncio.TimeoutError:  # before OSError: TimeoutError is one from 3.11
+            raise unreachable(path, OSError("timed out")) from None
+        except OSError as exc:
+            raise unreachable(path, exc) from None
         writer.write(PREAMBLE)
         return cls(reader, writer)
 

@@ -173,10 +173,13 @@ def test_a_deadline_on_the_framed_socket_stops_the_encode(daemon: Daemon, connec
     assert f"request_id={request_id} status=CANCELLED" in daemon.log()
 
 
-def test_without_the_framed_socket_the_client_uses_grpc(make_daemon, connect) -> None:  # type: ignore[no-untyped-def]
+def test_without_the_framed_socket_the_client_uses_grpc(make_daemon, connect, caplog) -> None:  # type: ignore[no-untyped-def]
     """A framed socket that cannot be reached (removed here) reads as a way the daemon
-    lacks: the client goes on over gRPC, and tries the framed socket again when it
-    attaches anew."""
+    lacks: the client says so once, goes on over gRPC, and tries the framed socket again
+    when it attaches anew."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="client")
     d = make_daemon()
     path = Path(f"{d.socket}.framed")
     with connect(d) as c:
@@ -187,6 +190,11 @@ def test_without_the_framed_socket_the_client_uses_grpc(make_daemon, connect) ->
     with connect(d) as c:  # a new client: its first connection fails
         first = c.encode(CLIP)
         assert first.frames == 3 and len(decode(first.data or b"")[0]) == 3
+        assert c.encode(CLIP).frames == 3
+    said = [r.getMessage() for r in caplog.records if "using gRPC" in r.getMessage()]
+    assert said == [
+        f"framed socket {path}: No such file or directory; using gRPC until the next attach"
+    ]
 
 
 def test_a_restarted_daemon_is_found_again(make_daemon, connect) -> None:  # type: ignore[no-untyped-def]
