@@ -346,6 +346,25 @@ def test_a_short_clip_taking_the_only_ready_encoder_has_another_opened() -> None
     assert pool.hits == 1
 
 
+def test_requests_faster_than_opens_have_one_more_opened() -> None:
+    """A request that finds the encoders for its settings all still opening has one more
+    process open another: the requests come faster than the opens. One that finds one
+    ready does not, while another is opening."""
+    from sidecar.process_main import Prepare
+
+    k = cast(EncoderKey, "k")
+    prepare = cast(Prepare, SimpleNamespace(key=k))
+    a, b, c = _proc(k, opening=True), _proc(k, opening=True, idle_s=1.0), _proc(None)
+    pool = _pool(a, b, c)
+    taken = pool.take(k, prepare)
+    assert taken in (a, b) and not taken.taken_ready
+    assert c.conn.sent == [prepare]
+    ready, opening, idle = _proc(k), _proc(k, opening=True), _proc(None)
+    pool = _pool(ready, opening, idle)
+    assert pool.take(k, prepare) is ready and ready.taken_ready
+    assert idle.conn.sent == [] and opening.conn.sent == []
+
+
 def test_waiting_for_an_open_is_a_miss_and_spare_encoders_are_reused() -> None:
     from sidecar.process_main import Prepare
 
