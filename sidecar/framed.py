@@ -117,8 +117,7 @@ class FramedServer:
         try:
             async for reply, sent in self.servicer.session(_drain(pending), end):
                 data = reply.SerializeToString()
-                writer.write(_LENGTH.pack(len(data)))
-                writer.write(data)
+                writer.writelines((_LENGTH.pack(len(data)), data))  # one send, no join
                 await writer.drain()
                 for action in sent:
                     action()
