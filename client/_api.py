@@ -184,14 +184,14 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
                 total is the video's length from the first call.
             timeout: seconds for the whole call (a gRPC deadline); None for the client's.
 
-        Without `on_chunk` and `on_progress`, a clip of at most 4 MiB as 4:2:0 pictures
-        (or one written to `path`) is answered in one reply with its output inside: a
-        request on a connection to the daemon's framed socket that the client keeps open
-        for the next one (one per encode in flight; a `timeout` closes it, which stops
-        the encode). Without that socket (TCP, or a daemon that serves none): a request
-        on an `EncodeSession` call that `SidecarClient` keeps open, or an `EncodeOnce`
-        call (with a `timeout`, and from `AsyncSidecarClient`). Anything else is
-        `Encode`, a reply stream.
+        Without `on_chunk` and `on_progress`, a video is answered in one reply with its
+        output inside (or in a lease): a request on a connection to the daemon's framed
+        socket that the client keeps open for the next one (one per encode in flight; a
+        `timeout` closes it, which stops the encode). Without that socket (TCP, or a
+        daemon that serves none), a clip of at most 4 MiB as 4:2:0 pictures (or one
+        written to `path`): a request on an `EncodeSession` call that `SidecarClient`
+        keeps open, or an `EncodeOnce` call (with a `timeout`, and from
+        `AsyncSidecarClient`). Anything else is `Encode`, a reply stream.
 
         Returns:
             An `EncodeResult`: `data` or `path`, frames, duration, size and timings.

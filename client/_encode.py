@@ -103,8 +103,8 @@ def _encode_source(
         with clock.copying():
             yield Work(source.finish, long=True)
         clock.transferred()
-        once = options.path is not None or source.frames * picture_bytes(source) <= ONCE_MAX_BYTES
-        return (yield from _call_encode(core, request, clock, builder, timeout, once=once))
+        small = options.path is not None or source.frames * picture_bytes(source) <= ONCE_MAX_BYTES
+        return (yield from _call_encode(core, request, clock, builder, timeout, small=small))
     except GeneratorExit:
         raise
     except BaseException:
@@ -134,19 +134,23 @@ def _call_encode(
     builder: ResultBuilder,
     timeout: float | None,
     *,
-    once: bool = False,
+    small: bool = False,
 ) -> Steps[EncodeResult]:
-    """Ask for the encode and take the replies. `once`: the output is a file or cannot
-    come near a one-reply result's 7 MiB, so a caller that wants no progress and no
+    """Ask for the encode and take the replies. A caller that wants no progress and no
     chunks gets the result as one reply: on a kept connection to the daemon's framed
-    socket, else on a kept EncodeSession call (no deadline), else as an EncodeOnce call.
-    A stream costs a round of messages more than EncodeOnce (0.3 ms of a 448x256x4 clip's
-    1.7 ms outside the daemon on the H200 host), EncodeOnce a new call more than a kept
-    session, and a kept session gRPC's threads and HTTP/2 more than the framed socket."""
+    socket, whatever the video's length (its replies have no size limit to keep under);
+    else, when `small` (the output is a file or cannot come near a gRPC reply's 7 MiB),
+    on a kept EncodeSession call (no deadline), else as an EncodeOnce call; else on an
+    Encode stream. A stream costs a round of messages more than EncodeOnce (0.3 ms of a
+    448x256x4 clip's 1.7 ms outside the daemon on the H200 host), EncodeOnce a new call
+    more than a kept session, and a kept session gRPC's threads and HTTP/2 more than the
+    framed socket."""
     asked_at = time.monotonic()
     deadline = timeout or core.timeout
-    while once and not builder.wants_events and not builder.has_result:
+    while not builder.wants_events and not builder.has_result:
         way = core.one_reply_way(deadline)
+        if way != "Framed" and not small:
+            break
         try:
             if way in ("Framed", "EncodeSession"):
                 framed = core.framed if way == "Framed" else ""

@@ -2,8 +2,10 @@
 
 A daemon names the socket in its Attach reply (see `sidecar.framed` for the protocol).
 It spares each one-reply encode gRPC's threads and HTTP/2 framing: most of what a short
-clip costs outside the daemon. One connection carries one request at a time; the drivers
-keep one per encode in flight, as they would EncodeSession calls.
+clip costs outside the daemon, and a long video's output comes back without HTTP/2's
+flow control (a 1 MB output took some 5 ms after the daemon had it on an Encode stream).
+One connection carries one request at a time; the drivers keep one per encode in
+flight, as they would EncodeSession calls.
 
 A connection that cannot be opened reads as a way the daemon lacks (UNIMPLEMENTED): the
 client then uses gRPC until it attaches again. A deadline is the client's own: when it
@@ -23,7 +25,7 @@ import struct
 import grpc
 
 from sidecar.api.v1 import sidecar_pb2 as pb
-from sidecar.vocabulary import MAX_MESSAGE_BYTES
+from sidecar.vocabulary import FRAMED_REPLY_MAX_BYTES
 
 from ._errors import DeadlineExceeded, SidecarError, SidecarUnavailable, error_for
 
@@ -56,7 +58,7 @@ def _frame(request: pb.EncodeRequest) -> bytes:
 
 def _reply_length(header: bytes | bytearray) -> int:
     length: int = _LENGTH.unpack(header)[0]
-    if length > MAX_MESSAGE_BYTES:
+    if length > FRAMED_REPLY_MAX_BYTES:
         raise SidecarUnavailable(f"the framed socket sent a {length}-byte reply; not a daemon's")
     return length
 

@@ -159,7 +159,7 @@ def audio_pieces_from_proto(data: Any) -> tuple[AudioPiece, ...]:
 
 
 def encode_spec_from_proto(
-    request: pb.EncodeRequest, request_id: str, *, one_reply: bool = False
+    request: pb.EncodeRequest, request_id: str, *, one_reply: bool = False, reply_data_max: int = 0
 ) -> EncodeSpec:
     v = request.video
     return EncodeSpec(
@@ -171,6 +171,7 @@ def encode_spec_from_proto(
         data_in_result=request.data_in_result,
         data_in_lease=request.data_in_lease,
         one_reply=one_reply,
+        reply_data_max=reply_data_max,
         data_in_next_lease=request.data_in_next_lease,
         output=output_from_proto(request.output, request.HasField("output")),
         audio=audio_from_proto(request.HasField("audio"), request.audio, request.audio_data),

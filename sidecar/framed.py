@@ -12,10 +12,15 @@ The protocol (`AttachResponse.framed_socket` in the proto says it for clients):
 
 Requests are `EncodeRequest`, replies `SessionReply`: exactly one per request, in order,
 from the same code as EncodeSession's (`VideoSidecarServicer.session`), so checks, errors,
-logs and metrics are the same. A message over `MAX_MESSAGE_BYTES` is answered with
+logs and metrics are the same. A request over `MAX_MESSAGE_BYTES` is answered with
 INVALID_ARGUMENT and the connection ends (what follows cannot be trusted to be a
 message); bytes that are no EncodeRequest are answered with INVALID_ARGUMENT and the
 connection carries on. The client closing the connection stops its encode in progress.
+
+Replies have no gRPC limit to keep under, so no one-reply output is refused for its
+size: past 7 MiB it goes back in a lease as on gRPC, and when no lease can hold it
+(larger than a slab, or the pool full) inside the reply, up to `FRAMED_REPLY_MAX_BYTES`.
+Clients therefore ask here for a long video in one reply too.
 
 The socket sits next to the gRPC socket, with the same owner, group and mode, so whoever
 may use one may use the other.
@@ -37,7 +42,7 @@ from .api.v1 import sidecar_pb2 as pb
 from .convert import Undecodable, decoder
 from .errors import InvalidRequest
 from .servicer import CallEnd, VideoSidecarServicer
-from .vocabulary import MAX_MESSAGE_BYTES
+from .vocabulary import FRAMED_REPLY_MAX_BYTES, MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +120,10 @@ class FramedServer:
         pending: asyncio.Queue[pb.EncodeRequest | Undecodable | None] = asyncio.Queue()
         read = asyncio.create_task(_read(reader, pending, end))
         try:
-            async for reply, sent in self.servicer.session(_drain(pending), end):
+            replies = self.servicer.session(
+                _drain(pending), end, reply_data_max=FRAMED_REPLY_MAX_BYTES - 1024 * 1024
+            )
+            async for reply, sent in replies:
                 data = reply.SerializeToString()
                 writer.writelines((_LENGTH.pack(len(data)), data))  # one send, no join
                 await writer.drain()

@@ -207,13 +207,20 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
                     action()
 
     async def session(
-        self, requests: AsyncIterator[pb.EncodeRequest | Undecodable], end: CallEnd
+        self,
+        requests: AsyncIterator[pb.EncodeRequest | Undecodable],
+        end: CallEnd,
+        *,
+        reply_data_max: int = 0,
     ) -> AsyncIterator[tuple[pb.SessionReply, list[Callable[[], None]]]]:
         """A kept session's replies, one per request, in order, each with the actions to
-        run once it has gone out. Shared by EncodeSession and the framed socket."""
+        run once it has gone out. Shared by EncodeSession and the framed socket, whose
+        replies may carry outputs of up to `reply_data_max` bytes that no lease can hold."""
         async for request in self._sessions.requests(requests):
             received_at = time.perf_counter()
-            request_id, events = self._whole(request, received_at, one_reply=True)
+            request_id, events = self._whole(
+                request, received_at, one_reply=True, reply_data_max=reply_data_max
+            )
             sent: list[Callable[[], None]] = []
             reply = pb.SessionReply()
             try:
@@ -235,7 +242,12 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         self._sessions.end()
 
     def _whole(
-        self, request: pb.EncodeRequest | Undecodable, received_at: float, *, one_reply: bool
+        self,
+        request: pb.EncodeRequest | Undecodable,
+        received_at: float,
+        *,
+        one_reply: bool,
+        reply_data_max: int = 0,
     ) -> tuple[str, Callable[[threading.Event], AsyncIterator[Any]]]:
         """The request id to log under, and the domain events of a whole-video encode."""
         given = "" if isinstance(request, Undecodable) else request.request_id
@@ -245,7 +257,9 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
             if isinstance(request, Undecodable):
                 raise request.refuse()
             check_request_id(given)
-            spec = encode_spec_from_proto(request, request_id, one_reply=one_reply)
+            spec = encode_spec_from_proto(
+                request, request_id, one_reply=one_reply, reply_data_max=reply_data_max
+            )
             return self.sidecar.encode(spec, received_at, stop)
 
         return request_id, events

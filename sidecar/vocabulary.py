@@ -21,6 +21,9 @@ ERROR_DETAILS_KEY = "grpc-status-details-bin"
 
 # The largest message either end sends or accepts; frames sent inline are split below it.
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+# The largest reply on the framed socket, which has no gRPC message limit: a one-reply
+# output with no lease to go back in travels inside the reply up to this.
+FRAMED_REPLY_MAX_BYTES = 1024 * 1024 * 1024
 
 
 class Reason(str, enum.Enum):
@@ -92,6 +95,7 @@ __all__ = [
     "ERROR_DETAILS_KEY",
     "ERROR_DOMAIN",
     "ERROR_KEY",
+    "FRAMED_REPLY_MAX_BYTES",
     "MAX_MESSAGE_BYTES",
     "PIXEL_FORMATS",
     "PIXEL_FORMAT_BY_PROTO",

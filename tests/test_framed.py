@@ -248,3 +248,35 @@ def test_a_file_in_the_way_leaves_grpc_only(make_daemon, connect, tmp_path: Path
     assert "no framed socket" in d.log()
     with connect(d) as c:
         assert c.encode(CLIP).frames == 3
+
+
+def test_a_long_video_comes_back_in_one_reply_whatever_its_output(
+    make_daemon, connect, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """A video past the 4 MiB that gRPC one-reply calls are kept to goes on the framed
+    socket all the same, and an output that no lease can hold (larger than a slab)
+    comes back inside the reply: lossless noise, 10 MB, through 2 MiB slabs. On gRPC
+    alone the same request goes on an Encode stream."""
+    from client._core import ClientCore
+
+    ways: list[str] = []
+    choose = ClientCore.one_reply_way
+
+    def recording(self: ClientCore, deadline: float | None) -> str:
+        ways.append(choose(self, deadline))
+        return ways[-1]
+
+    monkeypatch.setattr(ClientCore, "one_reply_way", recording)
+    noise = np.random.default_rng(7).integers(0, 256, (24, 480, 640, 3), dtype=np.uint8)
+    outputs = []
+    for framed in (True, False):
+        d = make_daemon(slabs=32, slab_size="2MiB", framed_socket=framed)
+        with connect(d) as c:
+            result = c.encode(noise, crf=0)
+            outputs.append(result.data or b"")
+            assert c.status().pool["active_leases"] <= 1  # the spare at most
+        assert result.size_bytes > 8 * 1024 * 1024  # past a gRPC reply, and past a slab
+    assert len(ways) == 2 and ways[0] == "Framed" and ways[1] in ("EncodeSession", "EncodeOnce")
+    assert outputs[0] == outputs[1]
+    frames, _ = decode(outputs[0])
+    assert len(frames) == 24

@@ -466,23 +466,24 @@ def test_an_output_comes_back_in_the_next_lease(
 def test_one_reply_past_7_mib_comes_in_a_lease_or_fails_cleanly(
     make_daemon, connect, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
-    """The client keeps EncodeOnce to clips whose output cannot come near one message;
-    asked anyway, the daemon puts a larger output in a lease, and without room for one
-    fails with RESOURCE_EXHAUSTED, frees every lease and keeps serving."""
+    """On gRPC the client keeps one-reply calls to clips whose output cannot come near one
+    message; asked anyway, the daemon puts a larger output in a lease, and without room
+    for one fails with RESOURCE_EXHAUSTED, frees every lease and keeps serving. (The
+    framed socket has no such limit: see test_framed.)"""
     import client._encode
     from client import ResourceExhausted
 
     monkeypatch.setattr(client._encode, "ONCE_MAX_BYTES", 1 << 40)
     seen = _recording_results(monkeypatch)
     noise = np.random.default_rng(9).integers(0, 256, (6, 720, 1280, 3), dtype=np.uint8)
-    with connect(make_daemon()) as c:  # 16 MiB slabs: the ~9 MB output fits one
+    with connect(make_daemon(framed_socket=False)) as c:  # 16 MiB slabs: the ~9 MB output fits one
         out = c.encode(noise, crf=0, preset="ultrafast").data
         status = c.status()
     assert seen == ["lease"] and out is not None and len(out) > 7 * 1024 * 1024
     assert len(decode(out)[0]) == 6
     assert status.pool["active_leases"] == 1
     seen.clear()
-    small = make_daemon(slabs=16, slab_size="4MiB")  # no lease holds the output
+    small = make_daemon(slabs=16, slab_size="4MiB", framed_socket=False)  # no lease holds it
     with connect(small) as c:
         with pytest.raises(ResourceExhausted, match="too large for one reply"):
             c.encode(noise, crf=0, preset="ultrafast")
@@ -492,8 +493,9 @@ def test_one_reply_past_7_mib_comes_in_a_lease_or_fails_cleanly(
 
 
 def test_an_output_larger_than_a_slab_comes_in_chunks(make_daemon, connect) -> None:  # type: ignore[no-untyped-def]
-    """No lease can hold it: the output travels as chunks, whole, and nothing is left."""
-    d = make_daemon(slabs=16, slab_size="1MiB")
+    """No lease can hold it: on an Encode stream the output travels as chunks, whole, and
+    nothing is left."""
+    d = make_daemon(slabs=16, slab_size="1MiB", framed_socket=False)
     rng = np.random.default_rng(3)
     noise = rng.integers(0, 256, (14, 192, 256, 3), dtype=np.uint8)  # lossless: ~1.3 MB
     with connect(d) as c:
