@@ -18,9 +18,10 @@ message); bytes that are no EncodeRequest are answered with INVALID_ARGUMENT and
 connection carries on. The client closing the connection stops its encode in progress.
 
 Replies have no gRPC limit to keep under, so no one-reply output is refused for its
-size: past 7 MiB it goes back in a lease as on gRPC, and when no lease can hold it
-(larger than a slab, or the pool full) inside the reply, up to `FRAMED_REPLY_MAX_BYTES`.
-Clients therefore ask here for a long video in one reply too.
+size: up to 1 MiB it comes inside the reply, past that in a lease (one copy in, one
+out: sooner than inside a reply, which costs copies on both sides), and when no lease
+can hold it (larger than a slab, or the pool full) inside the reply again, up to
+`FRAMED_REPLY_MAX_BYTES`. Clients therefore ask here for a long video in one reply too.
 
 The socket sits next to the gRPC socket, with the same owner, group and mode, so whoever
 may use one may use the other.

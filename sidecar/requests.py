@@ -61,8 +61,9 @@ class EncodeSpec:
     data_in_result: bool = False  # a one-chunk bytes output may travel in the result
     data_in_lease: bool = False  # a larger one, in a lease granted to the client
     one_reply: bool = False  # EncodeOnce: the result is the only reply, output inside it
-    # One reply on the framed socket: an output with no lease to go back in may travel
-    # inside the reply up to this many bytes (0: a gRPC reply, which cannot).
+    # One reply on the framed socket: an output past 1 MiB goes back in a lease, and with
+    # no lease to go back in inside the reply up to this many bytes (0: a gRPC reply,
+    # which takes up to 7 MiB inside, and no more).
     reply_data_max: int = 0
     data_in_next_lease: bool = False  # an output may go back in the next request's lease
 

@@ -469,10 +469,12 @@ def _in_next_lease(spec: EncodeSpec, outcome: EncodeOutcome) -> bool:
 
 
 def _inline_max(spec: EncodeSpec) -> int:
-    """The largest bytes output that travels inside the result (-1: none does)."""
-    if spec.one_reply:
+    """The largest bytes output that travels inside the result (-1: none does). A
+    framed reply (`reply_data_max`) takes more only when no lease has room: copied into a
+    lease and out, a 2.9 MB output reached the client sooner than inside the reply."""
+    if spec.one_reply and not spec.reply_data_max:
         return ONE_REPLY_DATA_MAX
-    return CHUNK_SIZE if spec.data_in_result else -1
+    return CHUNK_SIZE if spec.data_in_result or spec.one_reply else -1
 
 
 __all__ = ["Attachment", "Sidecar", "StatusReport"]

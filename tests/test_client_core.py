@@ -16,7 +16,16 @@ import pytest
 from client import FailedPrecondition, NotFound, Reason, ServerError
 from client._core import ClientCore
 from client._errors import error_for
-from client._steps import Call, Exclusive, Op, Replies, Steps, run_awaiting, run_blocking
+from client._steps import (
+    Call,
+    Exchange,
+    Exclusive,
+    Op,
+    Replies,
+    Steps,
+    run_awaiting,
+    run_blocking,
+)
 from sidecar.api.v1 import sidecar_pb2 as pb
 
 Answers = Callable[[], Callable[[Call], Any]]
@@ -159,12 +168,14 @@ def test_calls_refused_together_attach_anew_once() -> None:
     assert c.attachment is not None and c.attachment.client_token == "2" * 32
 
 
-def _ask_one_reply(c: ClientCore, timeout: float | None = None) -> Steps[Any]:
+def _ask_one_reply(
+    c: ClientCore, timeout: float | None = None, *, small: bool = True
+) -> Steps[Any]:
     from client._encode import _call_encode
     from client._results import Clock, ResultBuilder
 
     request = pb.EncodeRequest(client_token="t" * 32)
-    return _call_encode(c, request, Clock(), ResultBuilder(None), timeout, once=True)
+    return _call_encode(c, request, Clock(), ResultBuilder(None), timeout, small=small)
 
 
 def _performing(answers: dict[str, Callable[[], Any]], made: list[str]) -> Callable[[Op], Any]:
@@ -224,3 +235,28 @@ def test_a_session_error_reply_is_raised_as_the_tree_says() -> None:
     with pytest.raises(ServerError) as unknown:
         run_blocking(_ask_one_reply(core()), _performing(answers, []))
     assert unknown.value.code is grpc.StatusCode.UNKNOWN and unknown.value.reason is None
+
+
+def test_a_long_video_is_asked_in_one_reply_on_the_framed_socket_only() -> None:
+    """A video whose output may outgrow a gRPC reply goes to the framed socket in one
+    reply; once that socket is unreachable, on an Encode stream, not EncodeSession."""
+    asked: list[str] = []
+
+    def perform(op: Op) -> Any:
+        if isinstance(op, Exchange):
+            asked.append(f"Exchange {op.framed}")
+            if op.framed:
+                return pb.SessionReply(result=RESULT)
+            raise AssertionError("a long video on a gRPC session")
+        asked.append(op.method if isinstance(op, Call) else type(op).__name__)
+        if isinstance(op, Replies):
+            op.feed(pb.EncodeEvent(result=RESULT))
+            return None
+        raise AssertionError(f"unexpected {op}")
+
+    c = core()
+    c.framed = "/run/x.sock.framed"
+    assert run_blocking(_ask_one_reply(c, small=False), perform).frames == 4
+    c.unimplemented("Framed", "gone")
+    assert run_blocking(_ask_one_reply(c, small=False), perform).frames == 4
+    assert asked == ["Exchange /run/x.sock.framed", "Replies"]
