@@ -399,11 +399,14 @@ def _recording_results(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
+@pytest.mark.parametrize("framed", [True, False], ids=["framed", "grpc-only"])
 def test_a_clip_without_progress_gets_one_reply(
-    daemon: Daemon, connect, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """EncodeOnce: a caller that wants no progress and no chunks gets the result as the
-    one reply of a unary call, its output inside even past 1 MiB; a file output too."""
+    make_daemon, connect, monkeypatch: pytest.MonkeyPatch, framed: bool
+) -> None:  # type: ignore[no-untyped-def]
+    """A caller that wants no progress and no chunks gets the result as one reply, a file
+    output too. On gRPC (a kept session or a unary call) the output is inside it even
+    past 1 MiB; on the framed socket, past 1 MiB, in a lease the client copies it from
+    and gives back."""
     from client._options import EncodeOptions
 
     request = EncodeOptions.request
@@ -417,13 +420,13 @@ def test_a_clip_without_progress_gets_one_reply(
     seen = _recording_results(monkeypatch)
     small = moving_pattern(4, 64, 96)
     noise = np.random.default_rng(5).integers(0, 256, (12, 256, 320, 3), dtype=np.uint8)
-    with connect(daemon) as c:
+    with connect(make_daemon(framed_socket=framed)) as c:
         small_out = c.encode(small).data
         large_out = c.encode(noise, crf=0).data  # lossless noise: > 1 MiB
         saved = c.encode(small, path="once/clip.mp4", overwrite=True)
         fmp4 = c.encode(small, container="fmp4").data
         status = c.status()
-    assert seen == ["data", "data", "none", "data"]
+    assert seen == ["data", "lease" if framed else "data", "none", "data"]
     assert large_out is not None and len(large_out) > 1024 * 1024
     assert len(decode(large_out)[0]) == 12
     for out in (small_out, fmp4, Path(saved.path or "").read_bytes()):
