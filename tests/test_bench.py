@@ -1,0 +1,30 @@
+"""The bench's own tools run and record what they say (their figures live in bench/results)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+
+def test_the_floor_times_upstream_and_x264_alone_side_by_side(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bench import floor
+
+    out = tmp_path / "floor.json"
+    argv = ["--shapes", "96x64x3", "--content", "noisy", "--samples", "2", "--json", str(out)]
+    assert floor.main(argv) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["variant"], r["shape"], r["content"]) for r in rows] == [
+        ("upstream_a", "96x64x3", "noisy"),
+        ("x264_alone", "96x64x3", "noisy"),
+    ]
+    assert rows[0]["ratio_to_upstream_a"] == 1.0 and rows[1]["samples"] == 2
+    assert rows[1]["extra"]["output_bytes"] > 0
+    meta = json.loads(out.read_text())["meta"]
+    assert meta["command"].startswith("python -m bench.floor --shapes 96x64x3")
+    assert "| noisy | 96x64x3 | x264_alone |" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--content"):
+        floor.main(["--content", "grainy"])
