@@ -255,8 +255,9 @@ def open_context(ctx: av.VideoCodecContext, codec: ResolvedCodec) -> None:
 
 
 class FrameConverter:
-    """Borrowed frames in the client's format to yuv420p frames for the encoder. One per
-    thread: the converter keeps state."""
+    """Borrowed frames in the client's format to yuv420p frames for the encoder. Used by
+    one thread at a time: the converter keeps state (swscale's context, set up by the
+    first frame), and may serve one encoder after another of the same `key`."""
 
     def __init__(self, geometry: Geometry, threads: int) -> None:
         self._layout = geometry.layout
@@ -264,7 +265,14 @@ class FrameConverter:
         # PyAV mis-sizes borrowed 4:2:0 frames whose height is not a multiple of 4.
         self._copy_420 = self._layout.planar420 and geometry.height % 4 != 0
         self._reformatter = VideoReformatter()
-        self._threads = max(1, min(threads, 8)) if threads else 1
+        self.key = self.key_for(geometry, threads)
+        self._threads = self.key[1]
+        self.primed = not self._needs_convert
+
+    @staticmethod
+    def key_for(geometry: Geometry, threads: int) -> tuple[Geometry, int]:
+        """What a converter is set up for: encoders of the same key may share one."""
+        return geometry, max(1, min(threads, 8)) if threads else 1
 
     def frame(self, image: np.ndarray) -> av.VideoFrame:
         """A PyAV frame over `image` (borrowed), converted to yuv420p if need be."""
@@ -282,13 +290,14 @@ class FrameConverter:
                 dst_color_range=ColorRange.MPEG,
                 threads=self._threads,
             )
+            self.primed = True
         frame.colorspace = BT709
         frame.color_range = LIMITED_RANGE
         return frame
 
     def prime(self, blank: np.ndarray) -> None:
-        """Set up the colour converter ahead of the first frame."""
-        if self._needs_convert:
+        """Set up the colour converter ahead of the first frame (once)."""
+        if not self.primed:
             self.frame(blank)
 
     def frames(self, images: Iterable[np.ndarray], count: int) -> Generator[av.VideoFrame]:
@@ -355,6 +364,7 @@ class VideoEncoder:
         *,
         container: str = "mp4",
         audio: AudioFormat | None = None,
+        converter: FrameConverter | None = None,
     ) -> None:
         self.geometry = geometry
         self.codec = codec
@@ -362,7 +372,7 @@ class VideoEncoder:
         self.frames = 0
         self.timings = EncodeTimings()
         self.audio: AudioTrack | None = None
-        self._converter = FrameConverter(geometry, threads)
+        self._converter = converter or FrameConverter(geometry, threads)
         t0 = time.perf_counter()
         self._container = av.open(
             sink,

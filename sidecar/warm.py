@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config_values import cpu_count
-from .encoder import ResolvedCodec, VideoEncoder, converts, threading_for
+from .encoder import FrameConverter, ResolvedCodec, VideoEncoder, converts, threading_for
 from .frames import Geometry
 
 # Only short clips are worth it: for long ones the open cost is lost in the encode.
@@ -74,11 +74,17 @@ class WarmEncoder:
 
 
 def open_in_memory(
-    geometry: Geometry, codec: ResolvedCodec, threads: int, thread_type: str
+    geometry: Geometry,
+    codec: ResolvedCodec,
+    threads: int,
+    thread_type: str,
+    converter: FrameConverter | None = None,
 ) -> WarmEncoder:
     memfd = os.memfd_create("video-sidecar-out", os.MFD_CLOEXEC)
     try:
-        encoder = VideoEncoder(f"/proc/self/fd/{memfd}", geometry, codec, threads, thread_type)
+        encoder = VideoEncoder(
+            f"/proc/self/fd/{memfd}", geometry, codec, threads, thread_type, converter=converter
+        )
     except BaseException:
         os.close(memfd)
         raise
@@ -86,10 +92,15 @@ def open_in_memory(
 
 
 def warm_up(
-    geometry: Geometry, codec: ResolvedCodec, threads: int, thread_type: str
+    geometry: Geometry,
+    codec: ResolvedCodec,
+    threads: int,
+    thread_type: str,
+    converter: FrameConverter | None = None,
 ) -> WarmEncoder:
-    """Open an encoder and prime its colour converter with one blank frame."""
-    warm = open_in_memory(geometry, codec, threads, thread_type)
+    """Open an encoder and prime its colour converter with one blank frame, unless
+    `converter` (one that served an earlier encoder of these settings) is primed."""
+    warm = open_in_memory(geometry, codec, threads, thread_type, converter)
     layout = geometry.layout
     blank = np.zeros(layout.frame_shape(geometry.width, geometry.height), dtype=np.uint8)
     warm.encoder.prime(blank)

@@ -6,7 +6,8 @@ import threading
 import time
 from collections.abc import Callable
 from fractions import Fraction
-from typing import cast
+from types import SimpleNamespace
+from typing import Any, cast
 
 from client.patterns import moving_pattern
 from sidecar.frames import PIXEL_FORMATS, Geometry
@@ -238,3 +239,54 @@ def test_back_to_back_opens_as_the_encode_ends_and_the_next_waits_for_it() -> No
     finally:
         gate.set()
         pool.close()
+
+
+def test_a_kept_converter_is_primed_once_and_changes_no_byte(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """An encoder process hands the colour converter of one encoder to the next of the
+    same settings: the next opens without setting swscale up again, and encodes the
+    same bytes as an encoder with a converter of its own."""
+    import os
+
+    from sidecar.encoder import CodecSpec, FrameConverter
+    from sidecar.process_main import KEPT_CONVERTERS, Worker
+    from sidecar.warm import warm_up
+
+    geometry = Geometry(96, 64, PIXEL_FORMATS["rgb24"], Fraction(24))
+    codec = CodecSpec().resolve("mp4")
+    image = moving_pattern(1, 64, 96, noise=4.0)[0]
+
+    def encoded(converter: FrameConverter | None) -> bytes:
+        warm = warm_up(geometry, codec, 2, "SLICE", converter)
+        try:
+            warm.encoder.encode(image)
+            warm.encoder.close()
+            return os.pread(warm.memfd, os.fstat(warm.memfd).st_size, 0)
+        finally:
+            warm.discard()
+
+    kept = FrameConverter(geometry, 2)
+    assert not kept.primed
+    first = encoded(kept)
+    assert kept.primed
+    converted = 0
+    frame = FrameConverter.frame
+
+    def counting(self: FrameConverter, img):  # type: ignore[no-untyped-def]
+        nonlocal converted
+        converted += 1
+        return frame(self, img)
+
+    monkeypatch.setattr(FrameConverter, "frame", counting)
+    assert encoded(kept) == first
+    assert converted == 1  # the frame itself: no blank one to prime
+    assert encoded(None) == first
+
+    worker = Worker(cast(Any, None), [])
+    jobs = [
+        SimpleNamespace(geometry=Geometry(96, 64 + 2 * n, geometry.layout, geometry.fps), threads=2)
+        for n in range(KEPT_CONVERTERS + 1)
+    ]
+    made = [worker._converter(cast(Any, job)) for job in jobs]
+    assert worker._converter(cast(Any, jobs[-1])) is made[-1]
+    assert len(worker._converters) == KEPT_CONVERTERS  # the oldest settings' went
+    assert worker._converter(cast(Any, jobs[0])) is not made[0]
