@@ -150,3 +150,19 @@ class RawFramed:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def recorded_ways(monkeypatch: Any) -> list[str]:
+    """The one-reply way the client picks for each encode from now on (pytest's
+    `monkeypatch` undoes the recording after the test)."""
+    from client._core import ClientCore
+
+    ways: list[str] = []
+    choose = ClientCore.one_reply_way
+
+    def recording(self: ClientCore, deadline: float | None) -> str:
+        ways.append(choose(self, deadline))
+        return ways[-1]
+
+    monkeypatch.setattr(ClientCore, "one_reply_way", recording)
+    return ways

@@ -15,7 +15,7 @@ import pytest
 from client.patterns import moving_pattern
 from sidecar.api.v1 import sidecar_pb2 as pb
 
-from .helpers import Daemon, RawFramed, decode, psnr
+from .helpers import Daemon, RawFramed, decode, psnr, recorded_ways
 
 CLIP = moving_pattern(3, 48, 64)
 
@@ -257,16 +257,7 @@ def test_a_long_video_comes_back_in_one_reply_whatever_its_output(
     socket all the same, and an output that no lease can hold (larger than a slab)
     comes back inside the reply: lossless noise, 10 MB, through 2 MiB slabs. On gRPC
     alone the same request goes on an Encode stream."""
-    from client._core import ClientCore
-
-    ways: list[str] = []
-    choose = ClientCore.one_reply_way
-
-    def recording(self: ClientCore, deadline: float | None) -> str:
-        ways.append(choose(self, deadline))
-        return ways[-1]
-
-    monkeypatch.setattr(ClientCore, "one_reply_way", recording)
+    ways = recorded_ways(monkeypatch)
     noise = np.random.default_rng(7).integers(0, 256, (24, 480, 640, 3), dtype=np.uint8)
     outputs = []
     for framed in (True, False):

@@ -18,7 +18,7 @@ import pytest
 
 from client.patterns import moving_pattern
 
-from .helpers import Daemon, decode, mapped_segments, psnr
+from .helpers import Daemon, decode, mapped_segments, psnr, recorded_ways
 
 
 @pytest.fixture(scope="module")
@@ -574,16 +574,8 @@ def test_one_reply_encodes_share_kept_sessions(
     no gRPC sessions (see `AsyncSidecarClient`): EncodeOnce calls. A refused request
     leaves a kept session usable."""
     from client import InvalidArgument
-    from client._core import ClientCore
 
-    ways: list[str] = []
-    choose = ClientCore.one_reply_way
-
-    def recording(self: ClientCore, deadline: float | None) -> str:
-        ways.append(choose(self, deadline))
-        return ways[-1]
-
-    monkeypatch.setattr(ClientCore, "one_reply_way", recording)
+    ways = recorded_ways(monkeypatch)
     d = make_daemon(framed_socket=framed)
     assert Path(f"{d.socket}.framed").is_socket() == framed
     clip = moving_pattern(4, 64, 96)
