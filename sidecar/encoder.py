@@ -265,8 +265,7 @@ class FrameConverter:
         # PyAV mis-sizes borrowed 4:2:0 frames whose height is not a multiple of 4.
         self._copy_420 = self._layout.planar420 and geometry.height % 4 != 0
         self._reformatter = VideoReformatter()
-        self.key = self.key_for(geometry, threads)
-        self._threads = self.key[1]
+        self._threads = self.key_for(geometry, threads)[1]
         self.primed = not self._needs_convert
 
     @staticmethod

@@ -47,6 +47,9 @@ from .vocabulary import FRAMED_REPLY_MAX_BYTES, MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
+# A one-reply output's own bytes in a framed reply, with room left for its other fields.
+REPLY_DATA_MAX = FRAMED_REPLY_MAX_BYTES - 1024 * 1024
+
 PREAMBLE = b"VSF1"
 SUFFIX = ".framed"  # the socket's name: the gRPC socket's, with this added
 _LENGTH = struct.Struct(">I")
@@ -121,9 +124,7 @@ class FramedServer:
         pending: asyncio.Queue[pb.EncodeRequest | Undecodable | None] = asyncio.Queue()
         read = asyncio.create_task(_read(reader, pending, end))
         try:
-            replies = self.servicer.session(
-                _drain(pending), end, reply_data_max=FRAMED_REPLY_MAX_BYTES - 1024 * 1024
-            )
+            replies = self.servicer.session(_drain(pending), end, reply_data_max=REPLY_DATA_MAX)
             async for reply, sent in replies:
                 data = reply.SerializeToString()
                 writer.writelines((_LENGTH.pack(len(data)), data))  # one send, no join

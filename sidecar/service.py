@@ -330,9 +330,9 @@ class Sidecar:
             lease = await self._in_lease(token, outcome)
             if lease is not None:
                 return b"", lease, False
-            if spec.one_reply and outcome.size_bytes <= spec.reply_data_max:
-                return outcome.read_all(), None, False  # the framed socket takes it
             if spec.one_reply:
+                if outcome.size_bytes <= spec.reply_data_max:
+                    return outcome.read_all(), None, False  # the framed socket takes it
                 raise PoolExhausted(
                     f"the output ({outcome.size_bytes} bytes) is too large for one reply "
                     "and no lease has room for it; use Encode for outputs this large"
