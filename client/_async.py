@@ -91,7 +91,7 @@ class AsyncSidecarClient(ClientApi[Coroutine[Any, Any, EncodeResult], "AsyncVide
             return await _StreamCall.open(self._stubs["sidecar"], op)
         return await op.call.act(op)
 
-    async def _exchange(self, op: Exchange) -> pb.SessionReply:
+    async def _exchange(self, op: Exchange) -> pb.FramedReply:
         """A request on a framed connection kept for the next one, or a new one."""
         idle = self._framed.setdefault(op.framed, [])
         while idle and not idle[-1].open:

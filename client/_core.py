@@ -18,6 +18,7 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, TypeVar
 
+import grpc
 from grpc_health.v1 import health_pb2
 from grpc_health.v1.health_pb2_grpc import HealthStub
 
@@ -29,12 +30,19 @@ from sidecar.vocabulary import MAX_MESSAGE_BYTES, Reason
 from ._audio import Pcm
 from ._convert import Conversion
 from ._cuda import CudaHost, CudaVideo
-from ._errors import InvalidArgument, NotFound, SidecarError, SidecarUnavailable
+from ._errors import (
+    InvalidArgument,
+    NotFound,
+    ServerError,
+    SidecarError,
+    SidecarUnavailable,
+    error_from_session,
+)
 from ._framed import framed_path
 from ._options import VideoFormat
 from ._results import attachment_from_proto, status_from_proto
 from ._slabs import SlabMap
-from ._steps import Call, Exclusive, Steps, Work
+from ._steps import Call, Exchange, Exclusive, Steps, Work
 from ._types import Attachment, Lease, Status
 from ._video import VideoSource, prepare_video, warn_caller
 
@@ -243,7 +251,7 @@ class ClientCore:
                 log.info("shared memory out of reach, sending frames inline: %s", self.target)
                 self.inline = True
         self.attachment = attachment
-        self.framed = framed_path(self.target, resp.framed_socket)
+        self.framed = framed_path(self.target, resp.framed_socket, resp.framed_version)
         self._spare = None  # leases belong to the old token
         return attachment
 
@@ -271,7 +279,7 @@ class ClientCore:
         request = pb.LeaseRequest(
             client_token=att.client_token, size=nbytes, wait_ms=int(wait_s * 1e3)
         )
-        resp = yield Call("Lease", request, wait_s + self.unary_timeout)
+        resp = yield from self._unary("Lease", request, wait_s + self.unary_timeout)
         return self.leased(resp)
 
     def leased(self, resp: pb.LeaseResponse) -> Lease:
@@ -284,7 +292,25 @@ class ClientCore:
         att = yield from self.attach()
         request = pb.ReleaseRequest(client_token=att.client_token, lease_id=lease_id)
         with contextlib.suppress(NotFound):
-            yield Call("Release", request, self.unary_timeout)
+            yield from self._unary("Release", request, self.unary_timeout)
+
+    def _unary(
+        self, method: str, request: pb.LeaseRequest | pb.ReleaseRequest, timeout: float
+    ) -> Steps[Any]:
+        """A Lease or Release: on the framed socket while there is one (about 0.15 ms, a
+        unary gRPC call 1.1-1.5 ms on the H200 host), else as the gRPC call."""
+        if self.framed:
+            try:
+                reply: pb.FramedReply = yield Exchange(request, self.framed, timeout)
+            except ServerError as err:
+                if err.code != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                self.unimplemented("Framed", str(err))  # unreachable: it never saw the request
+            else:
+                if reply.HasField("error"):
+                    raise error_from_session(reply.error)
+                return reply.lease if method == "Lease" else reply.release
+        return (yield Call(method, request, timeout))
 
     def give_back(self, leases: Iterable[Lease | str]) -> Steps[None]:
         """Release each lease, as cleanup: a failure to do so is not the caller's error."""

@@ -1,11 +1,14 @@
-"""The framed socket's client side: EncodeSession's messages on a plain Unix socket.
+"""The framed socket's client side: encodes, leases and releases on a plain Unix socket.
 
-A daemon names the socket in its Attach reply (see `sidecar.framed` for the protocol).
-It spares each one-reply encode gRPC's threads and HTTP/2 framing: most of what a short
-clip costs outside the daemon, and a long video's output comes back without HTTP/2's
-flow control (a 1 MB output took some 5 ms after the daemon had it on an Encode stream).
-One connection carries one request at a time; the drivers keep one per encode in
-flight, as they would EncodeSession calls.
+A daemon names the socket in its Attach reply (see `sidecar.framed` for the protocol);
+this client speaks "VSF2", and uses the socket only when the daemon says it speaks it
+too. It spares each one-reply encode gRPC's threads and HTTP/2 framing: most of what a
+short clip costs outside the daemon, and a long video's output comes back without
+HTTP/2's flow control (a 1 MB output took some 5 ms after the daemon had it on an Encode
+stream). A lease or release on it costs about 0.15 ms where a unary gRPC call cost 1.1-1.5
+ms on the H200 host, which a long video pays for each of its leases. One connection
+carries one request at a time; the drivers keep one per request in flight, as they
+would EncodeSession calls.
 
 A connection that cannot be opened reads as a way the daemon lacks (UNIMPLEMENTED): the
 client then uses gRPC until it attaches again. A deadline is the client's own: when it
@@ -25,21 +28,24 @@ import struct
 import grpc
 
 from sidecar.api.v1 import sidecar_pb2 as pb
-from sidecar.vocabulary import FRAMED_REPLY_MAX_BYTES
+from sidecar.vocabulary import FRAMED_REPLY_MAX_BYTES, FRAMED_VERSION
 
 from ._errors import DeadlineExceeded, SidecarError, SidecarUnavailable, error_for
 
-PREAMBLE = b"VSF1"
+PREAMBLE = b"VSF2"
 _LENGTH = struct.Struct(">I")
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 _ENDED = "the daemon ended the framed connection; it is shutting down or restarting"
 
 
-def framed_path(target: str, name: str) -> str:
+def framed_path(target: str, name: str, version: int) -> str:
     """The framed socket beside the gRPC socket `target`, or "" if there is none to use:
-    the daemon named none, the target is not a Unix socket path, or the name is not a
-    plain file name (a daemon's answer is checked like any input)."""
-    if not name or not target.startswith("unix:") or not _NAME_RE.fullmatch(name):
+    the daemon named none, speaks an older protocol than ours (`version`), the target is
+    not a Unix socket path, or the name is not a plain file name (a daemon's answer is
+    checked like any input)."""
+    if version < FRAMED_VERSION or not name or not target.startswith("unix:"):
+        return ""
+    if not _NAME_RE.fullmatch(name):
         return ""
     path = target.removeprefix("unix:").removeprefix("//")
     if not path.startswith("/"):
@@ -51,8 +57,17 @@ def unreachable(path: str, exc: OSError) -> SidecarError:
     return error_for(grpc.StatusCode.UNIMPLEMENTED, f"framed socket {path}: {exc.strerror or exc}")
 
 
-def _frame(request: pb.EncodeRequest) -> bytes:
-    data = request.SerializeToString()
+Request = pb.EncodeRequest | pb.LeaseRequest | pb.ReleaseRequest
+
+
+def _frame(request: Request) -> bytes:
+    if isinstance(request, pb.EncodeRequest):
+        message = pb.FramedRequest(encode=request)
+    elif isinstance(request, pb.LeaseRequest):
+        message = pb.FramedRequest(lease=request)
+    else:
+        message = pb.FramedRequest(release=request)
+    data = message.SerializeToString()
     return _LENGTH.pack(len(data)) + data
 
 
@@ -63,9 +78,9 @@ def _reply_length(header: bytes | bytearray) -> int:
     return length
 
 
-def _reply(data: bytes | bytearray) -> pb.SessionReply:
+def _reply(data: bytes | bytearray) -> pb.FramedReply:
     try:
-        return pb.SessionReply.FromString(data)  # type: ignore[arg-type]  # any buffer
+        return pb.FramedReply.FromString(data)  # type: ignore[arg-type]  # any buffer
     except Exception:  # DecodeError: not our daemon speaking
         raise SidecarUnavailable("the framed socket sent bytes that are no reply") from None
 
@@ -91,7 +106,7 @@ class FramedConnection:
         """False once the daemon has closed it: between requests it sends nothing."""
         return not self._poll.poll(0)
 
-    def ask(self, request: pb.EncodeRequest, timeout: float | None) -> pb.SessionReply:
+    def ask(self, request: Request, timeout: float | None) -> pb.FramedReply:
         sock = self._sock
         sock.settimeout(timeout)
         try:
@@ -144,7 +159,7 @@ class AsyncFramedConnection:
     def open(self) -> bool:
         return not self._reader.at_eof() and not self._writer.is_closing()
 
-    async def ask(self, request: pb.EncodeRequest, timeout: float | None) -> pb.SessionReply:
+    async def ask(self, request: Request, timeout: float | None) -> pb.FramedReply:
         try:
             return await asyncio.wait_for(self._ask(request), timeout)
         except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11
@@ -154,7 +169,7 @@ class AsyncFramedConnection:
         except OSError as exc:
             raise SidecarUnavailable(f"framed connection lost: {exc.strerror or exc}") from None
 
-    async def _ask(self, request: pb.EncodeRequest) -> pb.SessionReply:
+    async def _ask(self, request: Request) -> pb.FramedReply:
         self._writer.write(_frame(request))
         await self._writer.drain()
         header = await self._reader.readexactly(_LENGTH.size)

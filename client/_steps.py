@@ -50,11 +50,12 @@ class Replies:
 @dataclass(frozen=True)
 class Exchange:
     """One request on a kept session, which the driver keeps open for the next one (one
-    per request in flight, reused): a connection to the framed socket at `framed`, else an
-    EncodeSession call. The driver returns its `SessionReply`. `timeout` is the client's
-    own, on the framed socket only (a request on a kept call cannot carry one)."""
+    per request in flight, reused): a connection to the framed socket at `framed`, which
+    also takes leases and releases, else an EncodeSession call (encodes only). The driver
+    returns the `FramedReply` or `SessionReply`, which read alike. `timeout` is the
+    client's own, on the framed socket only (a request on a kept call cannot carry one)."""
 
-    request: pb.EncodeRequest
+    request: pb.EncodeRequest | pb.LeaseRequest | pb.ReleaseRequest
     framed: str = ""
     timeout: float | None = None
 

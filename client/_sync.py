@@ -14,7 +14,7 @@ from sidecar.api.v1 import sidecar_pb2 as pb
 from ._api import ClientApi
 from ._core import fork_generation, keep_after_fork, open_channel
 from ._errors import SidecarUnavailable
-from ._framed import FramedConnection
+from ._framed import FramedConnection, Request
 from ._steps import (
     Call,
     Exchange,
@@ -196,7 +196,7 @@ class _Sessions:
         self._idle: dict[str, list[_Session | FramedConnection]] = {}
         self._lock = threading.Lock()
 
-    def exchange(self, op: Exchange) -> pb.SessionReply:
+    def exchange(self, op: Exchange) -> pb.SessionReply | pb.FramedReply:
         session = self._take(op.framed)
         try:
             reply = session.ask(op.request, op.timeout)
@@ -237,7 +237,8 @@ class _Session:
     def open(self) -> bool:
         return not self._replies.done()
 
-    def ask(self, request: pb.EncodeRequest, timeout: float | None = None) -> pb.SessionReply:
+    def ask(self, request: Request, timeout: float | None = None) -> pb.SessionReply:
+        assert isinstance(request, pb.EncodeRequest)  # leases go on the framed socket only
         self._requests.put(request)
         try:
             return next(self._replies)  # type: ignore[no-any-return]

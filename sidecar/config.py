@@ -75,8 +75,8 @@ class Config:
     framed_socket: bool = field(
         default=True,
         metadata=_opt(
-            "also serve one-reply encodes on SOCKET.framed, without HTTP/2, for this host's "
-            "clients",
+            "also serve one-reply encodes, leases and releases on SOCKET.framed, without "
+            "HTTP/2, for this host's clients",
             parse_bool,
             "BOOL",
         ),

@@ -1,21 +1,27 @@
-"""The framed socket: EncodeSession's messages over a plain Unix socket, without HTTP/2.
+"""The framed socket: encodes, leases and releases over a plain Unix socket, without HTTP/2.
 
 A request and its reply on a kept gRPC stream cost some 0.75 ms on the H200 host, most
-of it gRPC's own threads and HTTP/2 framing on both sides; the same bytes on a Unix
-socket cost a few tens of microseconds. Clients on the daemon's host use this socket for
-encodes answered in one reply; everything else stays on gRPC.
+of it gRPC's own threads and HTTP/2 framing on both sides, and a unary Lease call 1.1-1.5
+ms; the same bytes on a Unix socket cost a few tens of microseconds. Clients on the
+daemon's host use this socket for encodes answered in one reply, and for the leases and
+releases around them; everything else stays on gRPC.
 
 The protocol (`AttachResponse.framed_socket` in the proto says it for clients):
 
-    client:  b"VSF1", then requests       daemon: replies
+    client:  4 bytes naming the protocol, then requests      daemon: replies
     message: 4-byte big-endian length, then that many bytes
 
-Requests are `EncodeRequest`, replies `SessionReply`: exactly one per request, in order,
-from the same code as EncodeSession's (`VideoSidecarServicer.session`), so checks, errors,
-logs and metrics are the same. A request over `MAX_MESSAGE_BYTES` is answered with
-INVALID_ARGUMENT and the connection ends (what follows cannot be trusted to be a
-message); bytes that are no EncodeRequest are answered with INVALID_ARGUMENT and the
-connection carries on. The client closing the connection stops its encode in progress.
+    "VSF2": requests are `FramedRequest` (an encode, a lease or a release), replies
+            `FramedReply`;
+    "VSF1": requests are `EncodeRequest`, replies `SessionReply` (older clients).
+
+Exactly one reply per request, in order. Encodes run the same code as EncodeSession's
+(`VideoSidecarServicer.session`), leases and releases the same as the unary calls, so
+checks, errors, logs and metrics are the same. A request over `MAX_MESSAGE_BYTES` is
+answered with INVALID_ARGUMENT and the connection ends (what follows cannot be trusted to
+be a message); bytes that are no request are answered with INVALID_ARGUMENT and the
+connection carries on. The client closing the connection stops its encode in progress;
+a lease granted to a connection that closed while it waited is the TTL's to reclaim.
 
 Replies have no gRPC limit to keep under, so no one-reply output is refused for its
 size: up to 1 MiB it comes inside the reply, past that in a lease (one copy in, one
@@ -43,24 +49,25 @@ from .api.v1 import sidecar_pb2 as pb
 from .convert import Undecodable, decoder
 from .errors import InvalidRequest
 from .servicer import CallEnd, VideoSidecarServicer
-from .vocabulary import FRAMED_REPLY_MAX_BYTES, MAX_MESSAGE_BYTES
+from .vocabulary import FRAMED_PREAMBLES, FRAMED_REPLY_MAX_BYTES, MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
 # A one-reply output's own bytes in a framed reply, with room left for its other fields.
 REPLY_DATA_MAX = FRAMED_REPLY_MAX_BYTES - 1024 * 1024
 
-PREAMBLE = b"VSF1"
+PREAMBLE_BYTES = 4  # a connection's first bytes: the protocol's name (FRAMED_PREAMBLES)
 SUFFIX = ".framed"  # the socket's name: the gRPC socket's, with this added
 _LENGTH = struct.Struct(">I")
-_decode = decoder(pb.EncodeRequest)
+_DECODERS = {1: decoder(pb.EncodeRequest), 2: decoder(pb.FramedRequest)}
+Request = pb.EncodeRequest | pb.FramedRequest | Undecodable
 
 
 class Oversized(Undecodable):
     """A message whose stated length is over the limit: refused, and the connection ends."""
 
-    def __init__(self, length: int) -> None:
-        super().__init__("EncodeRequest")
+    def __init__(self, length: int, message: str) -> None:
+        super().__init__(message)
         self.length = length
 
     def refuse(self) -> InvalidRequest:
@@ -121,43 +128,54 @@ class FramedServer:
         assert task is not None
         self._connections.add(task)
         end = CallEnd()
-        pending: asyncio.Queue[pb.EncodeRequest | Undecodable | None] = asyncio.Queue()
-        read = asyncio.create_task(_read(reader, pending, end))
+        pending: asyncio.Queue[Request | None] = asyncio.Queue()
+        read: asyncio.Task[None] | None = None
         try:
-            replies = self.servicer.session(_drain(pending), end, reply_data_max=REPLY_DATA_MAX)
+            version = FRAMED_PREAMBLES.get(await reader.readexactly(PREAMBLE_BYTES))
+            if version is None:
+                return  # not a protocol we speak: nothing we could answer would be read
+            read = asyncio.create_task(_read(reader, version, pending, end))
+            requests: AsyncIterator[Any] = _drain(pending)  # of the version's kind
+            replies = (
+                self.servicer.framed(requests, end, reply_data_max=REPLY_DATA_MAX)
+                if version == 2
+                else self.servicer.session(requests, end, reply_data_max=REPLY_DATA_MAX)
+            )
             async for reply, sent in replies:
                 data = reply.SerializeToString()
                 writer.writelines((_LENGTH.pack(len(data)), data))  # one send, no join
                 await writer.drain()
                 for action in sent:
                     action()
-        except (ConnectionError, asyncio.CancelledError):
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
             pass  # the client went away; its encode was stopped through `end`
         finally:
             end.end()
-            read.cancel()
+            if read is not None:
+                read.cancel()
             writer.close()
             self._connections.discard(task)
 
 
 async def _read(
     reader: asyncio.StreamReader,
-    pending: asyncio.Queue[pb.EncodeRequest | Undecodable | None],
+    version: int,
+    pending: asyncio.Queue[Request | None],
     end: CallEnd,
 ) -> None:
     """Queue the connection's requests, one at a time: the next is read only once the last
     was taken, so reading goes on while it is encoded, and notices the client leaving.
     At the connection's end (the client closed it, or broke the protocol) stop the encode
     in progress, and end the requests."""
+    decode = _DECODERS[version]
+    name = "FramedRequest" if version == 2 else "EncodeRequest"
     try:
-        if await reader.readexactly(len(PREAMBLE)) != PREAMBLE:
-            return
         while True:
             (length,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
             if length > MAX_MESSAGE_BYTES:
-                pending.put_nowait(Oversized(length))
+                pending.put_nowait(Oversized(length, name))
                 return
-            pending.put_nowait(_decode(await reader.readexactly(length)))
+            pending.put_nowait(decode(await reader.readexactly(length)))
             await pending.join()
     except (asyncio.IncompleteReadError, ConnectionError):
         end.end()
@@ -165,9 +183,7 @@ async def _read(
         pending.put_nowait(None)
 
 
-async def _drain(
-    pending: asyncio.Queue[pb.EncodeRequest | Undecodable | None],
-) -> AsyncIterator[pb.EncodeRequest | Undecodable]:
+async def _drain(pending: asyncio.Queue[Request | None]) -> AsyncIterator[Request]:
     while (request := await pending.get()) is not None:
         pending.task_done()
         yield request

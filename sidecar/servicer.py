@@ -47,7 +47,7 @@ from .errors import EncodeFailed, InvalidRequest, SidecarError
 from .events import Chunk, Progress
 from .requests import Result
 from .service import Sidecar
-from .vocabulary import ERROR_DOMAIN, ERROR_KEY, Reason
+from .vocabulary import ERROR_DOMAIN, ERROR_KEY, FRAMED_VERSION, Reason
 
 log = logging.getLogger(__name__)
 
@@ -151,17 +151,24 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
     async def Attach(self, request: pb.AttachRequest, context: Any) -> pb.AttachResponse:
         reply = attachment_to_proto(self.sidecar.attach(request.client_name, request.pid))
         reply.framed_socket = self.framed_socket
+        reply.framed_version = FRAMED_VERSION if self.framed_socket else 0
         return reply
 
     @_mapped
     async def Lease(self, request: pb.LeaseRequest, context: Any) -> pb.LeaseResponse:
-        lease = await self.sidecar.lease(request.client_token, request.size, request.wait_ms / 1e3)
-        return lease_to_proto(lease, self.sidecar.config.lease_ttl)
+        return await self._lease(request)
 
     @_mapped
     async def Release(self, request: pb.ReleaseRequest, context: Any) -> pb.ReleaseResponse:
-        self.sidecar.release(request.client_token, request.lease_id)
+        self._release(request)
         return pb.ReleaseResponse()
+
+    async def _lease(self, request: pb.LeaseRequest) -> pb.LeaseResponse:
+        lease = await self.sidecar.lease(request.client_token, request.size, request.wait_ms / 1e3)
+        return lease_to_proto(lease, self.sidecar.config.lease_ttl)
+
+    def _release(self, request: pb.ReleaseRequest) -> None:
+        self.sidecar.release(request.client_token, request.lease_id)
 
     @_mapped
     async def Status(self, request: pb.StatusRequest, context: Any) -> pb.StatusResponse:
@@ -214,27 +221,65 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         reply_data_max: int = 0,
     ) -> AsyncIterator[tuple[pb.SessionReply, list[Callable[[], None]]]]:
         """A kept session's replies, one per request, in order, each with the actions to
-        run once it has gone out. Shared by EncodeSession and the framed socket, whose
-        replies may carry outputs of up to `reply_data_max` bytes that no lease can hold."""
+        run once it has gone out. Shared by EncodeSession and the framed socket's "VSF1",
+        whose replies may carry outputs of up to `reply_data_max` bytes that no lease can
+        hold."""
         async for request in self._sessions.requests(requests):
-            received_at = time.perf_counter()
-            request_id, events = self._whole(
-                request, received_at, one_reply=True, reply_data_max=reply_data_max
-            )
             sent: list[Callable[[], None]] = []
-            reply = pb.SessionReply()
             try:
-                async for event in self._relay(
-                    request_id, received_at, end.event(), events, sent.append
-                ):
-                    if isinstance(event, Result):
-                        reply = pb.SessionReply(
-                            result=result_to_proto(event, self.sidecar.config.lease_ttl)
-                        )
+                result = await self._answer(request, end, reply_data_max, sent)
+                reply = pb.SessionReply(result=result)
             except SidecarError as exc:  # the request's error, as its reply
                 self.sidecar.record_error(exc)
                 reply = pb.SessionReply(error=session_error(exc))
             yield reply, sent
+
+    async def framed(
+        self,
+        requests: AsyncIterator[pb.FramedRequest | Undecodable],
+        end: CallEnd,
+        *,
+        reply_data_max: int,
+    ) -> AsyncIterator[tuple[pb.FramedReply, list[Callable[[], None]]]]:
+        """The framed socket's "VSF2": `session` for encodes, with leases and releases
+        between them, each as its unary call would do it."""
+        async for request in self._sessions.requests(requests):
+            sent: list[Callable[[], None]] = []
+            kind = None if isinstance(request, Undecodable) else request.WhichOneof("request")
+            try:
+                if kind == "lease":
+                    reply = pb.FramedReply(lease=await self._lease(request.lease))
+                elif kind == "release":
+                    self._release(request.release)
+                    reply = pb.FramedReply(release=pb.ReleaseResponse())
+                elif kind is None and not isinstance(request, Undecodable):
+                    raise InvalidRequest("request", "a FramedRequest with nothing set")
+                else:  # an encode, or bytes that are none: refused as an encode is
+                    encode = request if isinstance(request, Undecodable) else request.encode
+                    result = await self._answer(encode, end, reply_data_max, sent)
+                    reply = pb.FramedReply(result=result)
+            except SidecarError as exc:
+                self.sidecar.record_error(exc)
+                reply = pb.FramedReply(error=session_error(exc))
+            yield reply, sent
+
+    async def _answer(
+        self,
+        request: pb.EncodeRequest | Undecodable,
+        end: CallEnd,
+        reply_data_max: int,
+        sent: list[Callable[[], None]],
+    ) -> pb.EncodeResult:
+        """One encode on a kept session or connection: its result, or its SidecarError."""
+        received_at = time.perf_counter()
+        request_id, events = self._whole(
+            request, received_at, one_reply=True, reply_data_max=reply_data_max
+        )
+        result = pb.EncodeResult()
+        async for event in self._relay(request_id, received_at, end.event(), events, sent.append):
+            if isinstance(event, Result):
+                result = result_to_proto(event, self.sidecar.config.lease_ttl)
+        return result
 
     def end_idle_sessions(self) -> None:
         """At shutdown: end every EncodeSession call between requests, and each other

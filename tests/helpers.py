@@ -124,19 +124,26 @@ class RawFramed:
         self.sock.settimeout(timeout)
         self.sock.connect(path)
         self.sock.sendall(preamble)
+        self.expect(preamble)
+
+    def expect(self, preamble: bytes) -> None:
+        """Read replies as the protocol `preamble` names: "VSF2" answers with
+        FramedReply, "VSF1" with SessionReply."""
+        self._reply_type: Any = pb.FramedReply if preamble == b"VSF2" else pb.SessionReply
 
     def send(self, message: bytes) -> None:
         """One frame: the message's length, then the message."""
         self.sock.sendall(struct.pack(">I", len(message)) + message)
 
-    def reply(self) -> pb.SessionReply | None:
-        """The next reply, or None once the daemon has closed the connection."""
+    def reply(self) -> Any:
+        """The next reply (a SessionReply, or a FramedReply after "VSF2"), or None once
+        the daemon has closed the connection."""
         header = self._exactly(4)
         if header is None:
             return None
         body = self._exactly(struct.unpack(">I", header)[0])
         assert body is not None, "the connection ended inside a reply"
-        return pb.SessionReply.FromString(body)
+        return self._reply_type.FromString(body)
 
     def _exactly(self, size: int) -> bytes | None:
         data = b""

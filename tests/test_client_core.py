@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 import pytest
 
-from client import FailedPrecondition, NotFound, Reason, ServerError
+from client import FailedPrecondition, NotFound, Reason, ResourceExhausted, ServerError
 from client._core import ClientCore
 from client._errors import error_for
 from client._steps import (
@@ -260,3 +260,74 @@ def test_a_long_video_is_asked_in_one_reply_on_the_framed_socket_only() -> None:
     c.unimplemented("Framed", "gone")
     assert run_blocking(_ask_one_reply(c, small=False), perform).frames == 4
     assert asked == ["Exchange /run/x.sock.framed", "Replies"]
+
+
+def _attached(framed_version: int) -> tuple[ClientCore, list[str], Callable[[Op], Any]]:
+    """A core attached to a daemon naming a framed socket of `framed_version`, and a
+    driver that records each op and answers leases and releases on either way (a framed
+    connection that cannot be opened reads as UNIMPLEMENTED)."""
+    c, made = core(), []
+    grant = pb.LeaseResponse(lease_id="l" * 32, slab_id=0, offset=0, size=64)
+
+    def perform(op: Op) -> Any:
+        if isinstance(op, Exclusive):
+            return run_blocking(op.steps, perform)
+        if isinstance(op, Exchange):
+            made.append("framed:" + type(op.request).__name__)
+            if "unreachable" in op.framed:
+                raise error_for(grpc.StatusCode.UNIMPLEMENTED, "no such file")
+            if isinstance(op.request, pb.LeaseRequest):
+                return pb.FramedReply(lease=grant)
+            return pb.FramedReply(release=pb.ReleaseResponse())
+        assert isinstance(op, Call)
+        made.append(op.method)
+        if op.method == "Attach":
+            return pb.AttachResponse(
+                client_token="t" * 32,
+                instance_id="i",
+                framed_socket="x.sock.framed",
+                framed_version=framed_version,
+            )
+        return grant if op.method == "Lease" else pb.ReleaseResponse()
+
+    c.leased = lambda resp: resp  # type: ignore[method-assign]  # no slabs mapped here
+    c.target = "unix:/run/x.sock"
+    return c, made, perform
+
+
+def test_leases_and_releases_go_on_the_framed_socket_of_a_daemon_that_speaks_vsf2() -> None:
+    c, made, perform = _attached(framed_version=2)
+    run_blocking(c.lease(64), perform)
+    run_blocking(c.release("l" * 32), perform)
+    assert made == ["Attach", "framed:LeaseRequest", "framed:ReleaseRequest"]
+    assert c.framed == "/run/x.sock.framed"
+
+
+def test_a_daemon_that_speaks_only_vsf1_gets_grpc_for_everything() -> None:
+    """An older daemon (no `framed_version`) speaks VSF1 only: this client, which speaks
+    VSF2, leaves its framed socket alone."""
+    c, made, perform = _attached(framed_version=0)
+    run_blocking(c.lease(64), perform)
+    run_blocking(c.release("l" * 32), perform)
+    assert made == ["Attach", "Lease", "Release"]
+    assert c.framed == ""
+
+
+def test_an_unreachable_framed_socket_sends_leases_over_grpc_until_the_next_attach() -> None:
+    c, made, perform = _attached(framed_version=2)
+    run_blocking(c.attach(), perform)
+    c.framed = "/run/unreachable.framed"
+    run_blocking(c.lease(64), perform)
+    run_blocking(c.lease(64), perform)
+    assert made == ["Attach", "framed:LeaseRequest", "Lease", "Lease"]
+    a_lease_error = pb.FramedReply(
+        error=pb.SessionError(
+            code=grpc.StatusCode.RESOURCE_EXHAUSTED.value[0],
+            message="pool full",
+            reason=pb.ERROR_REASON_POOL_EXHAUSTED,
+        )
+    )
+    c.framed = "/run/x.sock.framed"
+    with pytest.raises(ResourceExhausted, match="pool full") as info:
+        run_blocking(c.lease(64), lambda op: a_lease_error)
+    assert info.value.reason is Reason.POOL_EXHAUSTED

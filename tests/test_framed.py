@@ -83,6 +83,111 @@ def test_each_request_gets_one_reply_in_order_and_errors_do_not_end_it(
         assert wait_idle(c).pool["active_leases"] == 0
 
 
+def framed_request(**kind: Any) -> bytes:
+    return pb.FramedRequest(**kind).SerializeToString()
+
+
+def test_vsf2_leases_encodes_and_releases_on_one_connection(daemon: Daemon) -> None:
+    """ "VSF2": a lease, an encode of the frames written into it, a release, and the
+    errors between them (a lease too large, an unknown lease, a request with nothing set,
+    bytes that are no message), one reply each, in order; the connection carries on and
+    nothing stays leased."""
+    from client import SidecarClient
+
+    with SidecarClient(daemon.socket) as c:
+        att = c.attach()
+        token = att.client_token
+        raw = framed_to(daemon, b"VSF2")
+        try:
+            raw.send(framed_request(lease=pb.LeaseRequest(client_token=token, size=CLIP.nbytes)))
+            granted = raw.reply()
+            assert granted.WhichOneof("reply") == "lease", granted
+            lease = granted.lease
+            assert lease.size >= CLIP.nbytes and lease.ttl_ms > 0
+            region = c._core.slabs.region(lease.slab_id, lease.offset, lease.size)
+            region[: CLIP.nbytes] = CLIP.reshape(-1)
+            too_large = pb.LeaseRequest(client_token=token, size=att.max_lease_bytes + 1)
+            unknown = pb.ReleaseRequest(client_token=token, lease_id="ab" * 16)
+            raw.send(framed_request(lease=too_large))
+            raw.send(framed_request(release=unknown))
+            raw.send(framed_request())
+            raw.send(b"\xff\x00\x01")
+            raw.send(framed_request(encode=pb.EncodeRequest()))
+            encode = pb.EncodeRequest.FromString(rgb_request(token, lease.lease_id))
+            raw.send(framed_request(encode=encode))
+            replies = [raw.reply() for _ in range(6)]
+            assert [r.WhichOneof("reply") for r in replies] == ["error"] * 5 + ["result"]
+            assert [r.error.code for r in replies[:4]] == [11, 5, 3, 3], replies[
+                :4
+            ]  # OUT_OF_RANGE first
+            assert "nothing set" in replies[2].error.message
+            assert replies[3].error.field == "request"
+            frames, _ = decode(replies[5].result.data)
+            assert len(frames) == 3 and psnr(frames, CLIP) > 35
+            # The encode freed its lease; releasing it again is NOT_FOUND, as on gRPC.
+            raw.send(
+                framed_request(
+                    release=pb.ReleaseRequest(client_token=token, lease_id=lease.lease_id)
+                )
+            )
+            again = raw.reply()
+            assert again.WhichOneof("reply") == "error" and again.error.code == 5
+            raw.send(framed_request(lease=pb.LeaseRequest(client_token=token, size=1)))
+            second = raw.reply().lease
+            raw.send(
+                framed_request(
+                    release=pb.ReleaseRequest(client_token=token, lease_id=second.lease_id)
+                )
+            )
+            assert raw.reply().WhichOneof("reply") == "release"
+            raw.send(framed_request(lease=pb.LeaseRequest(client_token="nobody", size=1)))
+            assert pb.ErrorReason.Name(raw.reply().error.reason) == "ERROR_REASON_NOT_ATTACHED"
+        finally:
+            raw.close()
+        assert wait_idle(c).pool["active_leases"] == 0
+
+
+def test_the_client_leases_and_releases_on_the_framed_socket(
+    make_daemon, connect, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """A video of several leases and an output in a lease: no Lease or Release goes over
+    gRPC while the framed socket is there."""
+    from client import AsyncSidecarClient, SidecarClient
+    from client._steps import Call, Exchange
+
+    made: list[str] = []
+
+    def record(op: Any) -> None:
+        if isinstance(op, Call):
+            made.append(op.method)
+        elif isinstance(op, Exchange):
+            made.append("framed:" + type(op.request).__name__)
+
+    perform, aperform = SidecarClient._perform, AsyncSidecarClient._perform
+
+    def recording(self: SidecarClient, op: Any) -> Any:
+        record(op)
+        return perform(self, op)
+
+    async def arecording(self: AsyncSidecarClient, op: Any) -> Any:
+        record(op)
+        return await aperform(self, op)
+
+    monkeypatch.setattr(SidecarClient, "_perform", recording)
+    monkeypatch.setattr(AsyncSidecarClient, "_perform", arecording)
+    video = moving_pattern(18, 256, 448, noise=40.0)
+    d = make_daemon(slabs=16, slab_size="2MiB")  # 6 frames a lease: 3 leases
+    with connect(d) as c:
+        result = c.encode(video, crf=0)  # lossless noise: an output in a lease
+        assert result.size_bytes > 1024 * 1024
+        assert "Lease" not in made and "Release" not in made, made
+        assert made.count("framed:LeaseRequest") >= 3
+        assert made.count("framed:ReleaseRequest") >= 1
+        frames, _ = decode(result.data)
+        assert len(frames) == 18
+        assert wait_idle(c).pool["active_leases"] <= 1
+
+
 def test_an_oversized_message_is_refused_and_ends_the_connection(daemon: Daemon) -> None:
     from client import SidecarClient
 
@@ -101,7 +206,7 @@ def test_an_oversized_message_is_refused_and_ends_the_connection(daemon: Daemon)
 
 @pytest.mark.parametrize(
     "preamble,then",
-    [(b"GET / HTTP/1.1\r\n\r\n", b""), (b"VSF2", b""), (b"VS", b""), (b"VSF1", b"\x00\x00")],
+    [(b"GET / HTTP/1.1\r\n\r\n", b""), (b"VSF3", b""), (b"VS", b""), (b"VSF2", b"\x00\x00")],
     ids=["http", "other-version", "cut-preamble", "cut-length"],
 )
 def test_a_stranger_is_hung_up_on(daemon: Daemon, preamble: bytes, then: bytes) -> None:

@@ -10,6 +10,7 @@ import struct
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -103,19 +104,33 @@ class Session:
 
 class Framed(RawFramed):
     """One connection to the framed socket kept open across requests, as the client
-    keeps it."""
+    keeps it: "VSF2" (requests wrapped in FramedRequest) unless told "VSF1"."""
+
+    def __init__(self, path: str, preamble: bytes = b"VSF2") -> None:
+        super().__init__(path, preamble)
+        self.wraps = preamble == b"VSF2"
 
     def ask(self, request: pb.EncodeRequest) -> grpc.StatusCode:
+        return reply_code(self.exchange(request))
+
+    def exchange(self, request: Any) -> Any:
+        """The reply to one request (FramedReply, or SessionReply after "VSF1")."""
+        if self.wraps:
+            kind = {
+                pb.EncodeRequest: "encode", pb.LeaseRequest: "lease", pb.ReleaseRequest: "release"
+            }[type(request)]  # fmt: skip
+            request = pb.FramedRequest(**{kind: request})
         self.send(request.SerializeToString())
         reply = self.reply()
         assert reply is not None, "the daemon ended a kept framed connection"
-        return reply_code(reply)
+        return reply
 
 
-def reply_code(reply: pb.SessionReply) -> grpc.StatusCode:
-    """A session reply's status code: OK for a result, else its error's, which must say
-    why."""
-    if reply.HasField("result"):
+def reply_code(reply: Any) -> grpc.StatusCode:
+    """A session or framed reply's status code: OK for an answer, else its error's, which
+    must say why."""
+    if not reply.HasField("error"):
+        assert reply.WhichOneof(reply.DESCRIPTOR.oneofs[0].name), reply  # an empty reply
         return grpc.StatusCode.OK
     assert reply.HasField("error") and reply.error.message, reply
     assert reply.error.reason != pb.ERROR_REASON_UNSPECIFIED, reply
@@ -130,10 +145,11 @@ def session(s: pb_grpc.VideoSidecarStub) -> Session:
     return _SESSIONS.setdefault(id(s), Session(s))
 
 
-def framed(daemon: Daemon) -> Framed:
-    if daemon.socket not in _FRAMED:
-        _FRAMED[daemon.socket] = Framed(f"{daemon.socket}.framed")
-    return _FRAMED[daemon.socket]
+def framed(daemon: Daemon, preamble: bytes = b"VSF2") -> Framed:
+    key = f"{daemon.socket}:{preamble!r}"
+    if key not in _FRAMED:
+        _FRAMED[key] = Framed(f"{daemon.socket}.framed", preamble)
+    return _FRAMED[key]
 
 
 def in_bounds(r: pb.FrameRange, width: int, height: int, fmt: int) -> bool:
@@ -173,7 +189,7 @@ ranges = st.builds(
     path=st.one_of(st.none(), HOSTILE_PATHS),
     container=st.integers(-2, 6),
     data_in=st.tuples(st.booleans(), st.booleans(), st.booleans()),
-    way=st.sampled_from(["Encode", "EncodeOnce", "EncodeSession", "Framed"]),
+    way=st.sampled_from(["Encode", "EncodeOnce", "EncodeSession", "Framed", "FramedV1"]),
 )
 def test_encode_descriptors(
     daemon,
@@ -226,8 +242,8 @@ def test_encode_descriptors(
     # request's error may end it.
     if way == "EncodeSession":
         code = session(s).ask(request)
-    elif way == "Framed":
-        code = framed(daemon).ask(request)
+    elif way.startswith("Framed"):
+        code = framed(daemon, b"VSF1" if way == "FramedV1" else b"VSF2").ask(request)
     else:
         code = call(getattr(s, way), request)
     COUNTS[code.name] += 1
@@ -308,28 +324,45 @@ def test_one_bad_field(stub, field, number, text) -> None:  # type: ignore[no-un
     call(s.Release, pb.ReleaseRequest(client_token=token, lease_id=lease.lease_id))
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=600,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(
     size=U64,
     wait=st.integers(0, 2**32 - 1),
     token=st.sampled_from(["good", "bad", ""]),
     release=st.one_of(st.just("same"), st.text(max_size=80)),
+    framed_way=st.booleans(),
 )
-def test_lease_and_release(stub, size, wait, token, release) -> None:  # type: ignore[no-untyped-def]
+def test_lease_and_release(daemon, stub, size, wait, token, release, framed_way) -> None:  # type: ignore[no-untyped-def]
+    """Leases and releases as gRPC calls, or on a kept "VSF2" connection to the framed
+    socket: the same answers either way."""
     s, good = stub
     tok = good if token == "good" else ("f" * 32 if token == "bad" else "")
+    lease_request = pb.LeaseRequest(client_token=tok, size=size, wait_ms=min(wait, 200))
     got = None
-    try:
-        got = s.Lease(pb.LeaseRequest(client_token=tok, size=size, wait_ms=min(wait, 200)))
-        code = grpc.StatusCode.OK
-    except grpc.RpcError as err:
-        code = err.code()
+    if framed_way:
+        reply = framed(daemon).exchange(lease_request)
+        code = reply_code(reply)
+        got = reply.lease if code == grpc.StatusCode.OK else None
+    else:
+        try:
+            got = s.Lease(lease_request)
+            code = grpc.StatusCode.OK
+        except grpc.RpcError as err:
+            code = err.code()
     COUNTS["lease:" + code.name] += 1
     assert code in CLIENT_ERRORS | {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}
     if code == grpc.StatusCode.OK:
-        assert 0 < size <= 16 * 1024 * 1024
+        assert got is not None and got.lease_id and 0 < size <= 16 * 1024 * 1024
     if release != "same":
-        code = call(s.Release, pb.ReleaseRequest(client_token=tok, lease_id=release))
+        release_request = pb.ReleaseRequest(client_token=tok, lease_id=release)
+        if framed_way:
+            code = reply_code(framed(daemon).exchange(release_request))
+        else:
+            code = call(s.Release, release_request)
         COUNTS["release:" + code.name] += 1
         assert code in CLIENT_ERRORS
     if got is not None:
@@ -420,6 +453,15 @@ def valid_bytes(token: str, lease_id: str) -> list[bytes]:
         pb.EncodeRequest(client_token=token, request_id="r-2", video=video).SerializeToString(),
         pb.StreamRequest(header=header).SerializeToString(),
         pb.StreamRequest(chunk=pb.StreamChunk(inline=b"\x01" * 64)).SerializeToString(),
+        pb.FramedRequest(
+            lease=pb.LeaseRequest(client_token=token, size=4096, wait_ms=10)
+        ).SerializeToString(),
+        pb.FramedRequest(
+            release=pb.ReleaseRequest(client_token=token, lease_id=lease_id)
+        ).SerializeToString(),
+        pb.FramedRequest(
+            encode=pb.EncodeRequest(client_token=token, request_id="r-3", video=video)
+        ).SerializeToString(),
     ]
 
 
@@ -663,24 +705,28 @@ def test_raw_framed_bytes(daemon: Daemon, stub, data) -> None:  # type: ignore[n
     s, token = stub
     stand_in = "e" * 32
     preamble = data.draw(
-        st.one_of(st.just(b"VSF1"), st.just(b"VSF1"), st.binary(min_size=4, max_size=4)),
+        st.one_of(
+            st.just(b"VSF1"), st.just(b"VSF2"), st.just(b"VSF2"), st.binary(min_size=4, max_size=4)
+        ),
         label="preamble",
     )
+    spoken = preamble in (b"VSF1", b"VSF2")
     drawn = data.draw(st.lists(raw_messages(token, stand_in), max_size=3), label="messages")
     tail, ends = data.draw(framed_tail(), label="tail")
     lease = s.Lease(pb.LeaseRequest(client_token=token, size=LEASE, wait_ms=5000))
     messages = [m.replace(stand_in.encode(), lease.lease_id.encode()) for m in drawn]
     connection = Framed(f"{daemon.socket}.framed", preamble=b"")
+    connection.expect(preamble)
     try:
         try:
             connection.sock.sendall(
                 preamble + b"".join(struct.pack(">I", len(m)) + m for m in messages) + tail
-                if preamble == b"VSF1"
+                if spoken
                 else preamble
             )
         except (BrokenPipeError, ConnectionResetError):
-            assert preamble != b"VSF1"
-        if preamble != b"VSF1":
+            assert not spoken
+        if not spoken:
             with contextlib.suppress(OSError):
                 connection.sock.shutdown(socket.SHUT_WR)
             assert connection.reply() is None, "a stranger got a reply"
@@ -690,15 +736,17 @@ def test_raw_framed_bytes(daemon: Daemon, stub, data) -> None:  # type: ignore[n
                 reply = connection.reply()
                 assert reply is not None, "a frame went unanswered"
                 code = reply_code(reply)
-                COUNTS["framed:" + code.name] += 1
+                COUNTS[f"framed-{preamble.decode()}:{code.name}"] += 1
                 assert code in ACCEPTABLE | {grpc.StatusCode.RESOURCE_EXHAUSTED}, (code, messages)
-                for spare in (reply.result.next_lease.lease_id, reply.result.data_lease.lease_id):
-                    if spare:
-                        call(s.Release, pb.ReleaseRequest(client_token=token, lease_id=spare))
+                granted = [reply.result.next_lease.lease_id, reply.result.data_lease.lease_id]
+                if preamble == b"VSF2":
+                    granted.append(reply.lease.lease_id)  # a lease request that got through
+                for spare in filter(None, granted):
+                    call(s.Release, pb.ReleaseRequest(client_token=token, lease_id=spare))
             if ends:
                 assert connection.reply() is None, "the connection outlived an oversized frame"
     except ConnectionResetError:
-        assert preamble != b"VSF1"
+        assert not spoken
     finally:
         connection.sock.close()
         call(s.Release, pb.ReleaseRequest(client_token=token, lease_id=lease.lease_id))

@@ -113,7 +113,7 @@ class Limits(_message.Message):
     def __init__(self, max_lease_bytes: _Optional[int] = ..., alignment: _Optional[int] = ..., max_frames: _Optional[int] = ..., max_width: _Optional[int] = ..., max_height: _Optional[int] = ..., max_request_bytes: _Optional[int] = ..., lease_ttl_ms: _Optional[int] = ..., max_lease_wait_ms: _Optional[int] = ...) -> None: ...
 
 class AttachResponse(_message.Message):
-    __slots__ = ("client_token", "instance_id", "shm_dir", "slabs", "limits", "server_version", "framed_socket")
+    __slots__ = ("client_token", "instance_id", "shm_dir", "slabs", "limits", "server_version", "framed_socket", "framed_version")
     CLIENT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     SHM_DIR_FIELD_NUMBER: _ClassVar[int]
@@ -121,6 +121,7 @@ class AttachResponse(_message.Message):
     LIMITS_FIELD_NUMBER: _ClassVar[int]
     SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     FRAMED_SOCKET_FIELD_NUMBER: _ClassVar[int]
+    FRAMED_VERSION_FIELD_NUMBER: _ClassVar[int]
     client_token: str
     instance_id: str
     shm_dir: str
@@ -128,7 +129,8 @@ class AttachResponse(_message.Message):
     limits: Limits
     server_version: str
     framed_socket: str
-    def __init__(self, client_token: _Optional[str] = ..., instance_id: _Optional[str] = ..., shm_dir: _Optional[str] = ..., slabs: _Optional[_Iterable[_Union[Slab, _Mapping]]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., server_version: _Optional[str] = ..., framed_socket: _Optional[str] = ...) -> None: ...
+    framed_version: int
+    def __init__(self, client_token: _Optional[str] = ..., instance_id: _Optional[str] = ..., shm_dir: _Optional[str] = ..., slabs: _Optional[_Iterable[_Union[Slab, _Mapping]]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., server_version: _Optional[str] = ..., framed_socket: _Optional[str] = ..., framed_version: _Optional[int] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
     __slots__ = ("client_token", "size", "wait_ms")
@@ -438,6 +440,28 @@ class SessionError(_message.Message):
     reason: ErrorReason
     field: str
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., reason: _Optional[_Union[ErrorReason, str]] = ..., field: _Optional[str] = ...) -> None: ...
+
+class FramedRequest(_message.Message):
+    __slots__ = ("encode", "lease", "release")
+    ENCODE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    encode: EncodeRequest
+    lease: LeaseRequest
+    release: ReleaseRequest
+    def __init__(self, encode: _Optional[_Union[EncodeRequest, _Mapping]] = ..., lease: _Optional[_Union[LeaseRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ...) -> None: ...
+
+class FramedReply(_message.Message):
+    __slots__ = ("result", "error", "lease", "release")
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    result: EncodeResult
+    error: SessionError
+    lease: LeaseResponse
+    release: ReleaseResponse
+    def __init__(self, result: _Optional[_Union[EncodeResult, _Mapping]] = ..., error: _Optional[_Union[SessionError, _Mapping]] = ..., lease: _Optional[_Union[LeaseResponse, _Mapping]] = ..., release: _Optional[_Union[ReleaseResponse, _Mapping]] = ...) -> None: ...
 
 class EncodeEvent(_message.Message):
     __slots__ = ("progress", "chunk", "result")
