@@ -365,7 +365,7 @@ def _lease_copy_ms(
     client: SidecarClient, device: Device, video: Any, pixel_format: str | None, n: int
 ) -> tuple[list[float], list[float], int]:
     """Lease, copy (convert on the GPU for 4:2:0), land: what `encode` does before the RPC."""
-    from client import _core
+    from client import _plan
 
     total, copies = [], []
     moved = 0
@@ -376,7 +376,7 @@ def _lease_copy_ms(
         device.ready()
         t0 = time.perf_counter()
         copy_s = 0.0
-        for first, count in _core.plan_ranges(source.frames, source.frame_bytes, att):
+        for first, count in _plan.plan_ranges(source.frames, source.frame_bytes, att):
             lease = client.lease(count * source.frame_bytes)
             leases.append(lease)
             c0 = time.perf_counter()

@@ -15,7 +15,7 @@ with SidecarClient() as sidecar:
 Design: the client is written once, as an I/O-free core under two thin drivers. Every
 operation (attach and re-attach after a daemon restart, leases and the spare lease,
 planning, the encode, a stream's writes, close and cancel, fork awareness, error mapping)
-is a generator of steps in the core (`_core`, `_encode`, `_stream`); it yields what it
+is a generator of steps in the core (`_core`, `_plan`, `_encode`, `_stream`); it yields what it
 needs done (an RPC, a copy, a lock, an action on a stream call) and gets the result back
 (`_steps`). `SidecarClient` (`_sync`) performs each step blocking, `AsyncSidecarClient`
 (`_async`) awaits it; each holds only its channel and how it performs a step. The public

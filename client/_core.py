@@ -9,7 +9,6 @@ touches the network; `SidecarClient` and `AsyncSidecarClient` perform its ops.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import threading
@@ -31,7 +30,6 @@ from ._audio import Pcm
 from ._convert import Conversion
 from ._cuda import CudaHost, CudaVideo
 from ._errors import (
-    InvalidArgument,
     NotFound,
     ServerError,
     SidecarError,
@@ -42,7 +40,7 @@ from ._framed import framed_path
 from ._options import VideoFormat
 from ._results import attachment_from_proto, status_from_proto
 from ._slabs import SlabMap
-from ._steps import Call, Exchange, Exclusive, Steps, Work
+from ._steps import Call, Exchange, Exclusive, Steps
 from ._types import Attachment, Lease, Status
 from ._video import VideoSource, prepare_video, warn_caller
 
@@ -50,9 +48,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 TRANSPORTS = ("auto", "shm", "inline")
-# Host copies larger than this run on a worker thread in the async client, so that its
-# event loop keeps turning; smaller ones are not worth the hop.
-THREAD_COPY_BYTES = 4 * 1024 * 1024
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -123,33 +118,6 @@ def open_channel(api: Any, target: str, credentials: Any) -> tuple[Any, dict[str
         channel = api.insecure_channel(target, options=options)
     sidecar = pb_grpc.VideoSidecarStub(channel)  # type: ignore[no-untyped-call]
     return channel, {"sidecar": sidecar, "health": HealthStub(channel)}
-
-
-def copy_step(source: VideoSource, region: Any, first: int, count: int) -> Work:
-    """Copying frames [first, first+count) of `source` to the start of `region`."""
-    copy = functools.partial(source.copy_into, region, first, count)
-    return Work(copy, long=count * source.frame_bytes >= THREAD_COPY_BYTES)
-
-
-def plan_ranges(frames: int, frame_bytes: int, att: Attachment) -> list[tuple[int, int]]:
-    """Split a video into (first frame, count) ranges, one lease each, none over a slab."""
-    per_lease = att.max_lease_bytes // frame_bytes
-    if per_lease < 1:
-        raise InvalidArgument(
-            f"one frame is {frame_bytes} bytes but the daemon's slabs hold {att.max_lease_bytes}; "
-            "start the daemon with a larger --slab-size"
-        )
-    return [(start, min(per_lease, frames - start)) for start in range(0, frames, per_lease)]
-
-
-def fits_in_pool(ranges: list[tuple[int, int]], frame_bytes: int, att: Attachment) -> bool:
-    """Whether every range can be leased at once; if not, the video goes as a stream,
-    each range's lease freed as its frames are encoded."""
-    largest = max(count for _, count in ranges) * frame_bytes
-    aligned = (largest + att.alignment - 1) // att.alignment * att.alignment
-    room = sum(s.size // aligned for s in att.slabs)
-    # Leave room for others: a single request takes at most half the pool at once.
-    return len(ranges) <= max(1, room // 2)
 
 
 class ClientCore:
@@ -298,14 +266,17 @@ class ClientCore:
         self, method: str, request: pb.LeaseRequest | pb.ReleaseRequest, timeout: float
     ) -> Steps[Any]:
         """A Lease or Release: on the framed socket while there is one (about 0.15 ms, a
-        unary gRPC call 1.1-1.5 ms on the H200 host), else as the gRPC call."""
+        unary gRPC call 1.1-1.5 ms on the H200 host), else as the gRPC call. A connection
+        the daemon ended before replying never had its request taken (it ends idle ones
+        at shutdown, busy ones after their reply), so the call goes to gRPC, which serves
+        through the shutdown's grace."""
         if self.framed:
             try:
                 reply: pb.FramedReply = yield Exchange(request, self.framed, timeout)
-            except ServerError as err:
-                if err.code != grpc.StatusCode.UNIMPLEMENTED:
+            except (ServerError, SidecarUnavailable) as err:
+                if isinstance(err, ServerError) and err.code != grpc.StatusCode.UNIMPLEMENTED:
                     raise
-                self.unimplemented("Framed", str(err))  # unreachable: it never saw the request
+                self.unimplemented("Framed", str(err))  # it never saw the request
             else:
                 if reply.HasField("error"):
                     raise error_from_session(reply.error)

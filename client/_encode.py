@@ -11,9 +11,10 @@ import grpc
 from sidecar.api.v1 import sidecar_pb2 as pb
 
 from ._audio import Pcm, prepare_audio
-from ._core import ClientCore, copy_step, fits_in_pool, plan_ranges
+from ._core import ClientCore
 from ._errors import ServerError, error_from_session
 from ._options import EncodeOptions, VideoFormat, VideoGeometry
+from ._plan import copy_step, fits_in_pool, plan_ranges
 from ._results import Clock, ResultBuilder
 from ._steps import Call, Exchange, Replies, Steps, Work
 from ._stream import StreamCore

@@ -29,9 +29,10 @@ from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.vocabulary import SAMPLE_FORMATS
 
 from ._audio import Pcm, prepare_audio
-from ._core import ClientCore, copy_step, plan_ranges
+from ._core import ClientCore
 from ._errors import InvalidArgument, SidecarError, error_from_rpc
 from ._options import EncodeOptions, VideoFormat, VideoGeometry
+from ._plan import copy_step, plan_ranges
 from ._results import Clock, ResultBuilder
 from ._steps import OnStream, OpenStream, Steps, Work
 from ._types import EncodeResult, Lease

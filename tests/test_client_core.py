@@ -13,7 +13,14 @@ from typing import Any
 import grpc
 import pytest
 
-from client import FailedPrecondition, NotFound, Reason, ResourceExhausted, ServerError
+from client import (
+    FailedPrecondition,
+    NotFound,
+    Reason,
+    ResourceExhausted,
+    ServerError,
+    SidecarUnavailable,
+)
 from client._core import ClientCore
 from client._errors import error_for
 from client._steps import (
@@ -276,6 +283,8 @@ def _attached(framed_version: int) -> tuple[ClientCore, list[str], Callable[[Op]
             made.append("framed:" + type(op.request).__name__)
             if "unreachable" in op.framed:
                 raise error_for(grpc.StatusCode.UNIMPLEMENTED, "no such file")
+            if "ended" in op.framed:  # closed by a daemon shutting down, before a reply
+                raise SidecarUnavailable("the daemon ended the framed connection")
             if isinstance(op.request, pb.LeaseRequest):
                 return pb.FramedReply(lease=grant)
             return pb.FramedReply(release=pb.ReleaseResponse())
@@ -331,3 +340,14 @@ def test_an_unreachable_framed_socket_sends_leases_over_grpc_until_the_next_atta
     with pytest.raises(ResourceExhausted, match="pool full") as info:
         run_blocking(c.lease(64), lambda op: a_lease_error)
     assert info.value.reason is Reason.POOL_EXHAUSTED
+
+
+def test_a_framed_connection_ended_before_its_reply_sends_the_lease_over_grpc() -> None:
+    """A daemon shutting down ends idle framed connections without taking their request;
+    a stream still leasing in its grace period gets its lease over gRPC."""
+    c, made, perform = _attached(framed_version=2)
+    run_blocking(c.attach(), perform)
+    c.framed = "/run/ended.framed"
+    run_blocking(c.lease(64), perform)
+    assert made == ["Attach", "framed:LeaseRequest", "Lease"]
+    assert c.framed == ""
