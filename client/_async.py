@@ -14,7 +14,7 @@ from sidecar.api.v1 import sidecar_pb2 as pb
 from ._api import ClientApi
 from ._core import fork_generation, keep_after_fork, open_channel
 from ._errors import SidecarUnavailable
-from ._framed import AsyncFramedConnection
+from ._framed import AsyncFramedConnection, to_the_end
 from ._steps import (
     Call,
     Exchange,
@@ -69,8 +69,8 @@ class AsyncSidecarClient(ClientApi[Coroutine[Any, Any, EncodeResult], "AsyncVide
         return await run_awaiting(steps, self._perform)
 
     async def _perform(self, op: Op) -> Any:
-        if isinstance(op, Work):
-            return await asyncio.to_thread(op.run) if op.long else op.run()
+        if isinstance(op, Work):  # a long one may write into leases: to its end
+            return await to_the_end(asyncio.to_thread(op.run)) if op.long else op.run()
         if self._generation != fork_generation():
             raise SidecarUnavailable(
                 "an AsyncSidecarClient cannot be used after fork; make one in the child"
@@ -98,7 +98,7 @@ class AsyncSidecarClient(ClientApi[Coroutine[Any, Any, EncodeResult], "AsyncVide
             idle.pop().end()  # the daemon ended it (restart, shutdown)
         connection = idle.pop() if idle else await AsyncFramedConnection.open_to(op.framed)
         try:
-            reply = await connection.ask(op.request, op.timeout)
+            reply = await connection.ask(op.request, op.timeout, op.landing)
         except BaseException:  # cancelled included: closing it stops the encode
             connection.end(cancel=True)
             raise

@@ -16,6 +16,7 @@ import logging
 import os
 import threading
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,6 +196,8 @@ class CudaVideo:
         self._side.wait_event(self._ready)
         self._ops = Ops(torch)
         self._identity = conversion.integer and not conversion.yuv
+        # (event, frames landed once it completes) after each batch's copy, for `land`.
+        self._marks: list[tuple[Any, int]] = []
         from . import _yuv_kernel  # imports Triton: only once a CUDA tensor comes
 
         self._kernel = _yuv_kernel
@@ -215,6 +218,8 @@ class CudaVideo:
 
     def copy_into(self, region: np.ndarray, start: int, count: int) -> None:
         torch = self._torch
+        if start == 0:
+            self._marks.clear()  # a new transfer (a retried request copies again)
         self.host.ensure_registered(region)  # else pageable: slower, still correct
         shape = frame_shape(self.pixel_format, self.width, self.height)
         dst = torch.from_numpy(region[: count * self.frame_bytes]).view(count, *shape)
@@ -236,6 +241,9 @@ class CudaVideo:
                     if not overlap:
                         out = self._convert(self.frames_thwc[first:last], shape)
                     dst[first - start : last - start].copy_(out, non_blocking=True)
+                    landed = torch.cuda.Event()
+                    landed.record(self._side)
+                    self._marks.append((landed, last))
 
     def _convert(self, batch: Any, shape: tuple[int, ...]) -> Any:
         """Wire frames for `batch`, on the GPU (the caller's own frames when they are)."""
@@ -252,3 +260,12 @@ class CudaVideo:
         done = self._torch.cuda.Event()
         done.record(self._side)
         done.synchronize()  # waits for our copies only, not the whole device
+        self._marks.clear()
+
+    def land(self, count: Callable[[int], None]) -> None:
+        """As `finish`, telling `count` how many frames (in order) have landed as each
+        batch's copy completes: for a request sent while the copies still run."""
+        for landed, frames in self._marks:
+            landed.synchronize()
+            count(frames)
+        self.finish()

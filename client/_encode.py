@@ -18,7 +18,7 @@ from ._plan import copy_step, fits_in_pool, plan_ranges
 from ._results import Clock, ResultBuilder
 from ._steps import Call, Exchange, Replies, Steps, Work
 from ._stream import StreamCore
-from ._types import EncodeResult, FrameRange, Lease
+from ._types import Attachment, EncodeResult, FrameRange, Lease
 from ._video import VideoSource
 
 # EncodeOnce for outputs that cannot outgrow its one reply (7 MiB): clips of at most this
@@ -81,13 +81,18 @@ def _encode_source(
     att = yield from core.attach()
     plan = plan_ranges(source.frames, source.frame_bytes, att)
     single = len(plan) == 1  # small requests reuse the spare lease and ask for the next
+    landing = FramesLanding.for_video(core, source, plan, att, clock)
     leases: list[Lease] = []
     try:
         audio_data = (yield from core.audio_data(pcm, leases.append)) if pcm is not None else None
         ranges = []
+        nbytes = 0
         for first, count in plan:
+            nbytes = count * source.frame_bytes
+            if landing is not None and first + count == source.frames:
+                nbytes = landing.make_room(nbytes)
             with clock.leasing():
-                lease = yield from core.lease_for(count * source.frame_bytes, single)
+                lease = yield from core.lease_for(nbytes, single)
             leases.append(lease)
             with clock.copying():
                 yield copy_step(source, lease.array, first, count)
@@ -97,15 +102,22 @@ def _encode_source(
             att.client_token,
             VideoGeometry(source.width, source.height, source.pixel_format),
             ranges,
-            next_lease_bytes=source.frames * source.frame_bytes if single else 0,
+            next_lease_bytes=nbytes if single else 0,
             audio=pcm.spec() if pcm is not None else None,
             audio_data=audio_data,
         )
-        with clock.copying():
-            yield Work(source.finish, long=True)
-        clock.transferred()
+        if landing is not None:  # sent now; the frames are counted as they land
+            request.landed_count_offset = landing.count_in(leases[-1])
+        else:
+            with clock.copying():
+                yield Work(source.finish, long=True)
+            clock.transferred()
         small = options.path is not None or source.frames * picture_bytes(source) <= ONCE_MAX_BYTES
-        return (yield from _call_encode(core, request, clock, builder, timeout, small=small))
+        return (
+            yield from _call_encode(
+                core, request, clock, builder, timeout, small=small, landing=landing
+            )
+        )
     except GeneratorExit:
         raise
     except BaseException:
@@ -136,6 +148,7 @@ def _call_encode(
     timeout: float | None,
     *,
     small: bool = False,
+    landing: FramesLanding | None = None,
 ) -> Steps[EncodeResult]:
     """Ask for the encode and take the replies. A caller that wants no progress and no
     chunks gets the result as one reply: on a kept connection to the daemon's framed
@@ -145,7 +158,9 @@ def _call_encode(
     Encode stream. A stream costs a round of messages more than EncodeOnce (0.3 ms of a
     448x256x4 clip's 1.7 ms outside the daemon on the H200 host), EncodeOnce a new call
     more than a kept session, and a kept session gRPC's threads and HTTP/2 more than the
-    framed socket."""
+    framed socket. A request whose frames still land (`landing`) has them counted between
+    sending it and reading the reply on the framed socket; any other way waits for them
+    first."""
     asked_at = time.monotonic()
     deadline = timeout or core.timeout
     while not builder.wants_events and not builder.has_result:
@@ -153,9 +168,11 @@ def _call_encode(
         if way != "Framed" and not small:
             break
         try:
+            if landing is not None and way != "Framed":
+                yield Work(landing, long=True)
             if way in ("Framed", "EncodeSession"):
                 framed = core.framed if way == "Framed" else ""
-                reply: pb.SessionReply = yield Exchange(request, framed, deadline)
+                reply: pb.SessionReply = yield Exchange(request, framed, deadline, landing)
                 if reply.HasField("error"):
                     raise error_from_session(reply.error)
                 builder.take_result(reply.result)
@@ -168,6 +185,8 @@ def _call_encode(
                 raise
             core.unimplemented(way, str(err))  # an older daemon: it never saw the request
     if not builder.has_result:
+        if landing is not None:
+            yield Work(landing, long=True)
         yield Replies(request, deadline, builder.feed)
     if builder.data_lease is not None:  # the output came back through shared memory
         lease = core.leased(builder.data_lease)
@@ -177,6 +196,69 @@ def _call_encode(
     clock.stop()
     yield from core.keep_spare(builder.next_lease, asked_at)
     return builder.result(clock)
+
+
+class FramesLanding:
+    """A request sent while its frames still land from the GPU (see `sidecar.landing`):
+    the daemon's work before the first frame, and the encode of the first frames, overlap
+    the copy of the rest. The count of landed frames lies after the last lease's frames.
+    Calling it waits for each batch's copy and raises the count, once."""
+
+    def __init__(self, source: VideoSource, clock: Clock) -> None:
+        self._source = source
+        self._clock = clock
+        self._offset = 0
+        self._count: Any = None
+        self._done = False
+
+    @classmethod
+    def for_video(
+        cls,
+        core: ClientCore,
+        source: VideoSource,
+        plan: list[tuple[int, int]],
+        att: Attachment,
+        clock: Clock,
+    ) -> FramesLanding | None:
+        """One for a video whose copy is worth overlapping, on a daemon that takes it."""
+        if not core.framed or not hasattr(source, "land"):
+            return None  # only the framed socket overlaps; only a GPU copies behind us
+        if source.frames * source.frame_bytes < LANDING_MIN_BYTES:
+            return None
+        last = plan[-1][1] * source.frame_bytes
+        if _aligned(last) + COUNT_BYTES > att.max_lease_bytes:
+            return None  # no room for the count in the last lease
+        return cls(source, clock)
+
+    def make_room(self, frames_bytes: int) -> int:
+        """The last lease's size: its frames, then the count."""
+        self._offset = _aligned(frames_bytes)
+        return self._offset + COUNT_BYTES
+
+    def count_in(self, lease: Lease) -> int:
+        """Set the count to 0 in `lease` (before the request goes); its offset there."""
+        self._count = lease.array[self._offset : self._offset + COUNT_BYTES].view("<u4")
+        self._count[0] = 0
+        return self._offset
+
+    def __call__(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        with self._clock.copying():
+            self._source.land(self._landed)  # type: ignore[attr-defined]
+        self._clock.transferred()
+
+    def _landed(self, frames: int) -> None:
+        self._count[0] = frames
+
+
+LANDING_MIN_BYTES = 32 * 1024 * 1024  # a copy of about 1 ms and more on an H200 host
+COUNT_BYTES = 4
+
+
+def _aligned(nbytes: int) -> int:
+    return (nbytes + COUNT_BYTES - 1) // COUNT_BYTES * COUNT_BYTES
 
 
 def picture_bytes(source: VideoSource) -> int:

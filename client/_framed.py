@@ -24,6 +24,9 @@ import re
 import select
 import socket
 import struct
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import grpc
 
@@ -58,6 +61,24 @@ def unreachable(path: str, exc: OSError) -> SidecarError:
 
 
 Request = pb.EncodeRequest | pb.LeaseRequest | pb.ReleaseRequest
+# Run between sending an encode and reading its reply: waits for the request's frames to
+# land, counting them for the daemon (see `sidecar.landing`).
+Landing = Callable[[], None]
+T = TypeVar("T")
+
+
+async def to_the_end(work: Awaitable[T]) -> T:
+    """Await `work` to its end even when cancelled meanwhile, then let the cancel go on.
+    For work on a thread that writes into leases (a copy, frames landing): the steps give
+    the leases back once cancelled, and no lease may be given back while it is written."""
+    future = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        while not future.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({future})
+        raise
 
 
 def _frame(request: Request) -> bytes:
@@ -106,11 +127,17 @@ class FramedConnection:
         """False once the daemon has closed it: between requests it sends nothing."""
         return not self._poll.poll(0)
 
-    def ask(self, request: Request, timeout: float | None) -> pb.FramedReply:
+    def ask(
+        self, request: Request, timeout: float | None, landing: Landing | None = None
+    ) -> pb.FramedReply:
+        """Send `request`, run `landing` (the request's frames still landing), then read
+        the reply."""
         sock = self._sock
         sock.settimeout(timeout)
         try:
             sock.sendall(_frame(request))
+            if landing is not None:
+                landing()
             header = self._read(_LENGTH.size)
             return _reply(self._read(_reply_length(header)))
         except TimeoutError:
@@ -159,9 +186,19 @@ class AsyncFramedConnection:
     def open(self) -> bool:
         return not self._reader.at_eof() and not self._writer.is_closing()
 
-    async def ask(self, request: Request, timeout: float | None) -> pb.FramedReply:
+    async def ask(
+        self, request: Request, timeout: float | None, landing: Landing | None = None
+    ) -> pb.FramedReply:
+        """As `FramedConnection.ask`; `landing` runs on a worker thread, to its end even
+        if the call is cancelled meanwhile."""
         try:
-            return await asyncio.wait_for(self._ask(request), timeout)
+            if landing is None:
+                return await asyncio.wait_for(self._ask(request), timeout)
+            started = time.monotonic()
+            await asyncio.wait_for(self._send(request), timeout)
+            await to_the_end(asyncio.to_thread(landing))
+            left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
+            return await asyncio.wait_for(self._receive(), left)
         except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11
             raise DeadlineExceeded("the deadline passed before the daemon's reply") from None
         except asyncio.IncompleteReadError:
@@ -170,8 +207,14 @@ class AsyncFramedConnection:
             raise SidecarUnavailable(f"framed connection lost: {exc.strerror or exc}") from None
 
     async def _ask(self, request: Request) -> pb.FramedReply:
+        await self._send(request)
+        return await self._receive()
+
+    async def _send(self, request: Request) -> None:
         self._writer.write(_frame(request))
         await self._writer.drain()
+
+    async def _receive(self) -> pb.FramedReply:
         header = await self._reader.readexactly(_LENGTH.size)
         return _reply(await self._reader.readexactly(_reply_length(header)))
 

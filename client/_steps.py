@@ -53,11 +53,14 @@ class Exchange:
     per request in flight, reused): a connection to the framed socket at `framed`, which
     also takes leases and releases, else an EncodeSession call (encodes only). The driver
     returns the `FramedReply` or `SessionReply`, which read alike. `timeout` is the
-    client's own, on the framed socket only (a request on a kept call cannot carry one)."""
+    client's own, on the framed socket only (a request on a kept call cannot carry one).
+    `landing`, framed only, runs between sending the request and reading its reply, to
+    its end whatever happens: it waits for the request's frames to land, counting them."""
 
     request: pb.EncodeRequest | pb.LeaseRequest | pb.ReleaseRequest
     framed: str = ""
     timeout: float | None = None
+    landing: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)

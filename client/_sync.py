@@ -14,7 +14,7 @@ from sidecar.api.v1 import sidecar_pb2 as pb
 from ._api import ClientApi
 from ._core import fork_generation, keep_after_fork, open_channel
 from ._errors import SidecarUnavailable
-from ._framed import FramedConnection, Request
+from ._framed import FramedConnection, Landing, Request
 from ._steps import (
     Call,
     Exchange,
@@ -199,7 +199,7 @@ class _Sessions:
     def exchange(self, op: Exchange) -> pb.SessionReply | pb.FramedReply:
         session = self._take(op.framed)
         try:
-            reply = session.ask(op.request, op.timeout)
+            reply = session.ask(op.request, op.timeout, op.landing)
         except BaseException:
             session.end(cancel=True)  # in an unknown state: a reply may still come
             raise
@@ -237,8 +237,12 @@ class _Session:
     def open(self) -> bool:
         return not self._replies.done()
 
-    def ask(self, request: Request, timeout: float | None = None) -> pb.SessionReply:
+    def ask(
+        self, request: Request, timeout: float | None = None, landing: Landing | None = None
+    ) -> pb.SessionReply:
         assert isinstance(request, pb.EncodeRequest)  # leases go on the framed socket only
+        if landing is not None:  # never used here; the frames land before the request goes
+            landing()
         self._requests.put(request)
         try:
             return next(self._replies)  # type: ignore[no-any-return]

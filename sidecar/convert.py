@@ -173,6 +173,7 @@ def encode_spec_from_proto(
         one_reply=one_reply,
         reply_data_max=reply_data_max,
         data_in_next_lease=request.data_in_next_lease,
+        landed_count_offset=request.landed_count_offset,
         output=output_from_proto(request.output, request.HasField("output")),
         audio=audio_from_proto(request.HasField("audio"), request.audio, request.audio_data),
     )

@@ -28,6 +28,7 @@ from .codec_options import merge_options
 from .codec_rules import join_params, split_params
 from .errors import InvalidRequest
 from .frames import Geometry
+from .landing import Frames
 
 # AVCOL_* values for BT.709: primaries, transfer and matrix are all 1; limited range is 1.
 BT709 = 1
@@ -426,10 +427,10 @@ class VideoEncoder:
         self.timings.convert += time.perf_counter() - t0
         self.encode_frame(frame)
 
-    def encode_all(self, images: np.ndarray, after_each: Callable[[], None] | None = None) -> None:
-        """Encode every frame of `images` (borrowed; reusable when this returns), RGB
-        converted ahead while the encoder works; `after_each` runs after every frame
-        and may raise to stop."""
+    def encode_all(self, images: Frames, after_each: Callable[[], None] | None = None) -> None:
+        """Encode every frame of `images` (borrowed; reusable when this returns; each
+        taken once it has landed), RGB converted ahead while the encoder works;
+        `after_each` runs after every frame and may raise to stop."""
         with contextlib.closing(self._converter.frames(images, len(images))) as converted:
             while True:
                 t0 = time.perf_counter()

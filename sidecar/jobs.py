@@ -8,6 +8,7 @@ freed, or handed back to the client if nothing was read, and no partial file is 
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import os
@@ -24,6 +25,7 @@ from .errors import Cancelled, EncodeFailed, InvalidRequest, SidecarError
 from .events import ChunkWriter, Emit, ProgressReporter
 from .feed import End, FrameFeed, InlineFrames, Piece
 from .frames import PlacedRange, borrow_frames
+from .landing import Frames, Landing
 from .output import FileTarget, output_error
 from .plans import EncodeOutcome, EncodePlan
 from .process_main import Answer, Assignment
@@ -81,6 +83,11 @@ class EncodeJob:
         self._checked_out: EncoderKey | None = None  # settings taken from the warm pool
         self._fixed_threads = False
         self._stop_error: SidecarError | None = None
+        self._landing: Landing | None = None  # frames still landing: their count
+        if plan.landed_at is not None:
+            slab, offset = plan.landed_at
+            self._landing = Landing(slabs[slab].array, offset, plan.frames_total)
+        self._handed = 0  # frames handed to the encoder so far, in order
 
     def stop(self, error: SidecarError | None = None) -> None:
         """Ask the job to stop at the next frame (or never to start). `error` is what its
@@ -100,7 +107,14 @@ class EncodeJob:
     def abandon(self) -> None:
         """Free the leases of a job that never ran; a job that ran has freed them."""
         if not self._started:
-            self._feed.release_all()
+            self._let_go()
+
+    def _let_go(self) -> None:
+        """Free every lease the feed still holds; or, while frames may still be landing
+        in them, give them back to the client (see landing)."""
+        if self._landing is not None and not self._landing.complete:
+            self._feed.give_back_all()
+        self._feed.release_all()
 
     # -- the run -------------------------------------------------------------------------
 
@@ -163,7 +177,7 @@ class EncodeJob:
                 self._feed.give_back_all()
             error = self.cancelled() if isinstance(exc, Cancelled) else self._classify(exc)
         finally:
-            self._feed.release_all()
+            self._let_go()
             if self._checked_out is not None and self._warm is not None:
                 self._warm.checkin(self._checked_out)
         if error is not None:
@@ -225,7 +239,7 @@ class EncodeJob:
                 plan.target.discard()
             error = self.cancelled() if isinstance(exc, Cancelled) else self._classify(exc)
         finally:
-            self._feed.release_all()
+            self._let_go()
             if answer.memfd is not None and (error is not None or plan.target is not None):
                 os.close(answer.memfd)  # written out, or not wanted: the bytes go
                 answer.memfd = None
@@ -258,6 +272,8 @@ class EncodeJob:
         job = Assignment.of(
             self.key, plan.geometry, plan.codec, self.threads, self.thread_type, pieces
         )
+        if plan.landed_at is not None:
+            job = dataclasses.replace(job, landed_at=plan.landed_at)
         # A short clip's encode takes about as long as an open, and the next request comes
         # before the used process has reopened: have another process open one now.
         prepare = job.preparation() if plan.frames_total <= PREPARE_MAX_FRAMES else None
@@ -299,7 +315,7 @@ class EncodeJob:
 
         if self.stopped:
             raise self.cancelled()
-        encoder.encode_all(self._frames_of(piece), after_each)
+        encoder.encode_all(self._landed(piece), after_each)
         # Every frame of this piece is inside the encoder: its lease can go.
         self._feed.consumed(piece)
 
@@ -316,7 +332,8 @@ class EncodeJob:
         if len(segments) < 2:
             return False
         pieces, end = self._feed.drain()
-        frame_at = frame_lookup([self._frames_of(piece) for piece in pieces])
+        frame_at = frame_lookup([self._landed(piece) for piece in pieces])
+        self._handed = 0  # a fallback below hands the same frames out again
         done = encode_segments(
             encoder, frame_at, segments, self.cores, lambda: self.stopped, progress.reach
         )
@@ -327,6 +344,18 @@ class EncodeJob:
                 self._feed.consumed(piece)
         self._finish(encoder, end, progress.done)
         return True
+
+    def _landed(self, piece: Piece) -> Frames:
+        """The frames of `piece`, next in the video: each handed out once it has landed."""
+        frames = self._frames_of(piece)
+        first, self._handed = self._handed, self._handed + len(frames)
+        if self._landing is None:
+            return frames
+        return self._landing.gate(frames, first, self._check_stop)
+
+    def _check_stop(self) -> None:
+        if self.stopped:
+            raise self.cancelled()
 
     def _frames_of(self, piece: Piece) -> np.ndarray:
         if isinstance(piece, InlineFrames):

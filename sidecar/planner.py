@@ -18,7 +18,8 @@ from .audio import AudioFormat
 from .encoder import CONTAINERS
 from .errors import InvalidRequest
 from .feed import FrameFeed
-from .frames import Limits, PlacedRange, check_geometry, place_ranges
+from .frames import Geometry, Limits, PlacedRange, check_geometry, place_ranges
+from .landing import check_place
 from .leases import Lease, LeaseTable
 from .output import FileTarget
 from .plans import EncodePlan
@@ -66,6 +67,7 @@ class Planner:
                 r.lease_id: self.leases.lookup(spec.client_token, r.lease_id) for r in v.ranges
             }
             ranges = place_ranges(geometry, list(v.ranges), leases, self.limits)
+        landed_at = self._landed_at(spec, geometry, ranges)
         target = None
         if out.path is not None:
             target = FileTarget.prepare(self.output_root, out.path, out.overwrite)
@@ -80,8 +82,27 @@ class Planner:
             audio=audio,
             frames_total=frames_total,
             one_reply=spec.one_reply,
+            landed_at=landed_at,
         )
         return plan, ranges
+
+    @staticmethod
+    def _landed_at(
+        spec: EncodeSpec, geometry: Geometry, ranges: list[PlacedRange]
+    ) -> tuple[int, int] | None:
+        """Where the landed-frame count of a request whose frames still land lies."""
+        offset = spec.landed_count_offset
+        if not offset or not ranges:  # a stream header has no such field
+            return None
+        lease = ranges[-1].lease
+        frames_end = max(
+            r.start - lease.offset + (r.frame_count - 1) * r.frame_stride
+            + geometry.layout.rows(geometry.height) * r.row_stride
+            for r in ranges
+            if r.lease.id == lease.id
+        )  # fmt: skip
+        check_place(offset, frames_end, lease.size)
+        return lease.slab_id, lease.offset + offset
 
     def accept(self, spec: EncodeSpec, *, stream: bool = False) -> Accepted:
         """Plan a whole video (or a stream's header) and take its leases, all or none."""

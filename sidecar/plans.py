@@ -25,6 +25,8 @@ class EncodePlan:
     audio: AudioFormat | None = None
     frames_total: int = 0  # known up front for a whole-video Encode
     one_reply: bool = False  # nothing goes back before the result
+    # Frames still landing: where their count lies, as (slab id, byte offset in the slab).
+    landed_at: tuple[int, int] | None = None
 
     @property
     def streams_bytes(self) -> bool:

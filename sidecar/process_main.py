@@ -35,6 +35,7 @@ from .encoder import FrameConverter, ResolvedCodec, VideoEncoder
 from .errors import Cancelled, InvalidRequest, SidecarError
 from .events import PROGRESS_INTERVAL
 from .frames import Geometry, PlacedRange, borrow_frames
+from .landing import Frames, Landing
 from .memory import limit_arenas, trim
 from .warm import EncoderKey, WarmEncoder, open_in_memory, warm_up
 
@@ -75,6 +76,8 @@ class Prepare(EncoderSettings):
 @dataclass(frozen=True)
 class Assignment(EncoderSettings):
     regions: tuple[Region, ...]
+    # Frames still landing: their count's (slab, byte offset); see landing.
+    landed_at: tuple[int, int] | None = None
 
     def preparation(self) -> Prepare:
         """What another process needs to get an encoder ready for the next such job."""
@@ -204,6 +207,11 @@ class Worker:
                 warm.encoder.timings.open = 0.0  # paid before this request arrived
             encoder = warm.encoder
             watch = _Watch(self._conn, encoder)
+            landing = None
+            if job.landed_at is not None:
+                total = sum(region.frame_count for region in job.regions)
+                landing = Landing(self._slabs[job.landed_at[0]], job.landed_at[1], total)
+            first = 0
             for region in job.regions:
                 placed = PlacedRange(
                     None,  # type: ignore[arg-type]  # leases stay with the daemon
@@ -213,7 +221,9 @@ class Worker:
                     region.frame_stride,
                 )
                 images = borrow_frames(self._slabs[region.slab], job.geometry, placed)
-                encoder.encode_all(images, watch)
+                gated: Frames = images if landing is None else landing.gate(images, first, watch)
+                first += region.frame_count
+                encoder.encode_all(gated, watch)
             encoder.close()
             size = os.fstat(warm.memfd).st_size
             in_file = size > INLINE_ANSWER_BYTES

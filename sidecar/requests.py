@@ -66,6 +66,7 @@ class EncodeSpec:
     # which takes up to 7 MiB inside, and no more).
     reply_data_max: int = 0
     data_in_next_lease: bool = False  # an output may go back in the next request's lease
+    landed_count_offset: int = 0  # frames still landing, counted there (see landing)
 
 
 @dataclass(frozen=True)

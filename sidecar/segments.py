@@ -23,7 +23,7 @@ import contextlib
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -33,6 +33,7 @@ import numpy as np
 from .codec_rules import split_params
 from .encoder import FrameConverter, ResolvedCodec, VideoEncoder, configure, open_context
 from .errors import Cancelled
+from .landing import Frames
 
 MIN_SEGMENT_FRAMES = 60
 DEFAULT_KEYINT = 250  # x264's and x265's keyint when nothing sets it
@@ -110,7 +111,7 @@ class SegmentCoder:
         return packets
 
 
-def frame_lookup(pieces: list[np.ndarray]) -> Callable[[int], np.ndarray]:
+def frame_lookup(pieces: Sequence[Frames]) -> Callable[[int], np.ndarray]:
     """Frame `i` of the whole video, from its pieces' frame arrays in order."""
     starts = list(itertools.accumulate((len(p) for p in pieces), initial=0))
 

@@ -351,3 +351,55 @@ def test_a_framed_connection_ended_before_its_reply_sends_the_lease_over_grpc() 
     run_blocking(c.lease(64), perform)
     assert made == ["Attach", "framed:LeaseRequest", "Lease"]
     assert c.framed == ""
+
+
+def test_frames_still_landing_are_counted_on_the_framed_socket_or_waited_for_first() -> None:
+    """On the framed socket the driver runs the landing between request and reply; on
+    any other way (the socket unreachable) the core waits for the frames first, once."""
+    from client._encode import _call_encode
+    from client._results import Clock, ResultBuilder
+    from client._steps import Work
+
+    def ask(c: ClientCore, made: list[str], framed_works: bool) -> None:
+        landed: list[bool] = []
+
+        def landing() -> None:
+            if not landed:
+                landed.append(True)
+                made.append("landed")
+
+        def perform(op: Op) -> Any:
+            if isinstance(op, Work):
+                made.append("Work")
+                return op.run()
+            assert isinstance(op, Exchange)
+            made.append("Exchange " + ("framed" if op.framed else "session"))
+            if op.framed and not framed_works:
+                raise error_for(grpc.StatusCode.UNIMPLEMENTED, "no such file")
+            if op.framed:
+                assert op.landing is landing
+                op.landing()  # as the drivers do, after sending
+            else:
+                assert landed, "a request on another way before its frames landed"
+            return pb.SessionReply(result=RESULT)
+
+        request = pb.EncodeRequest(client_token="t" * 32, landed_count_offset=64)
+        steps = _call_encode(
+            c,
+            request,
+            Clock(),
+            ResultBuilder(None),
+            None,
+            small=True,
+            landing=landing,  # type: ignore[arg-type]
+        )
+        assert run_blocking(steps, perform).frames == 4
+
+    made: list[str] = []
+    c = core()
+    c.framed = "/run/x.sock.framed"
+    ask(c, made, framed_works=True)
+    assert made == ["Exchange framed", "landed"]
+    made.clear()
+    ask(c, made, framed_works=False)
+    assert made == ["Exchange framed", "Work", "landed", "Exchange session"]

@@ -223,3 +223,30 @@ def test_fused_420_kernel_matches_the_elementwise_path(dtype: str, fmt: str) -> 
     diff = (out.int() - reference.int()).abs()
     assert int(diff.max()) <= 1  # a fused multiply-add may round a tie the other way
     assert float((diff > 0).float().mean()) < 0.001
+
+
+def test_a_long_video_is_sent_while_its_frames_land(
+    client: SidecarClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A video of some 50 MB on the GPU: the request goes out with its frames still
+    landing, counted in the last lease, and the output is byte for byte the one of the
+    same video sent once every frame had landed."""
+    from client import _encode
+
+    offsets: list[int] = []
+    count_in = _encode.FramesLanding.count_in
+
+    def recording(self: _encode.FramesLanding, lease: object) -> int:
+        offsets.append(count_in(self, lease))  # type: ignore[arg-type]
+        return offsets[-1]
+
+    monkeypatch.setattr(_encode.FramesLanding, "count_in", recording)
+    video = torch.from_numpy(moving_pattern(32, 768, 1344, noise=4.0)).cuda()
+    landed = client.encode(video, threads=4).data
+    assert offsets and offsets[0] > 0
+    monkeypatch.setattr(_encode, "LANDING_MIN_BYTES", 1 << 62)  # all landed first
+    whole = client.encode(video, threads=4).data
+    assert len(offsets) == 1
+    assert landed == whole
+    frames, _ = decode(landed or b"")
+    assert len(frames) == 32 and psnr(frames, video.cpu().numpy()) > 35

@@ -4,6 +4,7 @@ internal one, never reads outside a lease, and keeps serving."""
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import socket
 import struct
@@ -67,7 +68,9 @@ HOSTILE_PATHS = st.one_of(
 def stub(daemon: Daemon) -> Iterator[tuple[pb_grpc.VideoSidecarStub, str]]:
     with grpc.insecure_channel(f"unix:{daemon.socket}") as channel:
         s = pb_grpc.VideoSidecarStub(channel)
-        token = s.Attach(pb.AttachRequest(client_name="fuzz")).client_token
+        attached = s.Attach(pb.AttachRequest(client_name="fuzz"))
+        token = attached.client_token
+        _ATTACHED[token] = attached
         yield s, token
         for kept in _SESSIONS.values():
             kept.requests.put(None)
@@ -138,6 +141,18 @@ def reply_code(reply: Any) -> grpc.StatusCode:
 
 
 _SESSIONS: dict[int, Session] = {}
+_ATTACHED: dict[str, pb.AttachResponse] = {}
+
+
+def write_count(token: str, lease: pb.LeaseResponse, offset: int, count: int) -> None:
+    """Write a landed-frame count into a lease, as a client whose frames all landed."""
+    attached = _ATTACHED[token]
+    slab = next(s for s in attached.slabs if s.id == lease.slab_id)
+    with open(os.path.join(attached.shm_dir, slab.shm_name), "r+b") as f:
+        f.seek(lease.offset + offset)
+        f.write(struct.pack("<I", count))
+
+
 _FRAMED: dict[str, Framed] = {}
 
 
@@ -190,6 +205,12 @@ ranges = st.builds(
     container=st.integers(-2, 6),
     data_in=st.tuples(st.booleans(), st.booleans(), st.booleans()),
     way=st.sampled_from(["Encode", "EncodeOnce", "EncodeSession", "Framed", "FramedV1"]),
+    landed=st.one_of(
+        st.just(0),
+        st.just(0),
+        st.sampled_from([2, 4, 1024, LEASE - 4, LEASE - 2, LEASE, LEASE + 4, 2**63]),
+        st.integers(0, 2**64 - 1),
+    ),
 )
 def test_encode_descriptors(
     daemon,
@@ -207,9 +228,12 @@ def test_encode_descriptors(
     container,
     data_in,
     way,
+    landed,
 ) -> None:  # type: ignore[no-untyped-def]
     s, token = stub
     lease = s.Lease(pb.LeaseRequest(client_token=token, size=LEASE, wait_ms=5000))
+    if 0 < landed <= LEASE - 4:
+        write_count(token, lease, landed, 2**32 - 1)  # landed already: never waited for
     ids = {"mine": lease.lease_id, "unknown": "ab" * 16, "empty": "", "garbage": "../\x00" * 9}
     frame_ranges = [
         pb.FrameRange(lease_id=ids[k], offset=o, frame_count=n, row_stride=rs, frame_stride=fs)
@@ -237,6 +261,7 @@ def test_encode_descriptors(
         data_in_result=data_in[0],
         data_in_lease=data_in[1],  # outputs this small come in the result or in chunks
         data_in_next_lease=data_in[2],  # no next lease is asked for: no effect
+        landed_count_offset=landed,
     )
     # A session is one call (a framed connection, one connection) for the whole run: no
     # request's error may end it.

@@ -278,7 +278,7 @@ class AudioRange(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
 
 class EncodeRequest(_message.Message):
-    __slots__ = ("client_token", "request_id", "video", "codec", "output", "next_lease_bytes", "audio", "audio_data", "data_in_result", "data_in_lease", "data_in_next_lease")
+    __slots__ = ("client_token", "request_id", "video", "codec", "output", "next_lease_bytes", "audio", "audio_data", "data_in_result", "data_in_lease", "data_in_next_lease", "landed_count_offset")
     CLIENT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     VIDEO_FIELD_NUMBER: _ClassVar[int]
@@ -290,6 +290,7 @@ class EncodeRequest(_message.Message):
     DATA_IN_RESULT_FIELD_NUMBER: _ClassVar[int]
     DATA_IN_LEASE_FIELD_NUMBER: _ClassVar[int]
     DATA_IN_NEXT_LEASE_FIELD_NUMBER: _ClassVar[int]
+    LANDED_COUNT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     client_token: str
     request_id: str
     video: VideoDescriptor
@@ -301,7 +302,8 @@ class EncodeRequest(_message.Message):
     data_in_result: bool
     data_in_lease: bool
     data_in_next_lease: bool
-    def __init__(self, client_token: _Optional[str] = ..., request_id: _Optional[str] = ..., video: _Optional[_Union[VideoDescriptor, _Mapping]] = ..., codec: _Optional[_Union[CodecOptions, _Mapping]] = ..., output: _Optional[_Union[OutputSpec, _Mapping]] = ..., next_lease_bytes: _Optional[int] = ..., audio: _Optional[_Union[AudioSpec, _Mapping]] = ..., audio_data: _Optional[_Iterable[_Union[AudioData, _Mapping]]] = ..., data_in_result: _Optional[bool] = ..., data_in_lease: _Optional[bool] = ..., data_in_next_lease: _Optional[bool] = ...) -> None: ...
+    landed_count_offset: int
+    def __init__(self, client_token: _Optional[str] = ..., request_id: _Optional[str] = ..., video: _Optional[_Union[VideoDescriptor, _Mapping]] = ..., codec: _Optional[_Union[CodecOptions, _Mapping]] = ..., output: _Optional[_Union[OutputSpec, _Mapping]] = ..., next_lease_bytes: _Optional[int] = ..., audio: _Optional[_Union[AudioSpec, _Mapping]] = ..., audio_data: _Optional[_Iterable[_Union[AudioData, _Mapping]]] = ..., data_in_result: _Optional[bool] = ..., data_in_lease: _Optional[bool] = ..., data_in_next_lease: _Optional[bool] = ..., landed_count_offset: _Optional[int] = ...) -> None: ...
 
 class StreamHeader(_message.Message):
     __slots__ = ("client_token", "request_id", "width", "height", "pixel_format", "fps", "codec", "output", "audio", "audio_data")
