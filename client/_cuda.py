@@ -33,6 +33,10 @@ ALREADY_REGISTERED = 712  # cudaErrorHostMemoryAlreadyRegistered
 REGISTER_PORTABLE = 1  # cudaHostRegisterPortable: visible to every context
 GPU_BATCH_BYTES = 64 * 1024 * 1024  # scratch per conversion batch on the GPU
 OVERLAP_BATCHES = 4  # fused 4:2:0 batches: smaller, converted while the last one copies
+# A video this large is sent while its frames land (`_encode.FramesLanding`): the copy
+# then overlaps the encode, and what the caller waits for is queueing the batches, some
+# 0.2 ms each (a kernel launch, events, streams): such a video takes whole batches.
+LANDING_MIN_BYTES = 32 * 1024 * 1024
 
 
 class CudaRuntime:
@@ -205,10 +209,11 @@ class CudaVideo:
         self._fused = conversion.yuv and _yuv_kernel.available()
         scratch = self.frame_bytes if self._fused else self.height * self.width * channels * 4
         self._batch = max(1, GPU_BATCH_BYTES // scratch)
-        if self._fused:
+        if self._fused and self.frames * self.frame_bytes < LANDING_MIN_BYTES:
             # The kernel for the next batch runs on its own stream while this one crosses
             # PCIe: smaller batches, so little of the first kernel is left unhidden.
             self._batch = max(1, self._batch // OVERLAP_BATCHES)
+        if self._fused:
             self._convert_stream = host.stream(self.device, "convert")
             self._convert_stream.wait_event(self._ready)
 

@@ -12,6 +12,7 @@ from sidecar.api.v1 import sidecar_pb2 as pb
 
 from ._audio import Pcm, prepare_audio
 from ._core import ClientCore
+from ._cuda import LANDING_MIN_BYTES
 from ._errors import ServerError, error_from_session
 from ._options import EncodeOptions, VideoFormat, VideoGeometry
 from ._plan import copy_step, fits_in_pool, plan_ranges
@@ -253,7 +254,6 @@ class FramesLanding:
         self._count[0] = frames
 
 
-LANDING_MIN_BYTES = 32 * 1024 * 1024  # a copy of about 1 ms and more on an H200 host
 COUNT_BYTES = 4
 
 
