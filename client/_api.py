@@ -191,7 +191,9 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
         daemon that serves none), a clip of at most 4 MiB as 4:2:0 pictures (or one
         written to `path`): a request on an `EncodeSession` call that `SidecarClient`
         keeps open, or an `EncodeOnce` call (with a `timeout`, and from
-        `AsyncSidecarClient`). Anything else is `Encode`, a reply stream.
+        `AsyncSidecarClient`). Anything else is `Encode`, a reply stream. On the framed
+        socket a CUDA video of 32 MiB or more is sent while its GPU copy still runs,
+        and the daemon starts on each frame as it lands (`sidecar.landing`).
 
         Returns:
             An `EncodeResult`: `data` or `path`, frames, duration, size and timings.

@@ -13,7 +13,7 @@ from sidecar.api.v1 import sidecar_pb2 as pb
 
 from ._api import ClientApi
 from ._core import fork_generation, keep_after_fork, open_channel
-from ._errors import SidecarUnavailable
+from ._errors import DeadlineExceeded, SidecarUnavailable
 from ._framed import AsyncFramedConnection, to_the_end
 from ._steps import (
     Call,
@@ -218,8 +218,13 @@ class _StreamCall:
     async def _write(self, message: pb.StreamRequest) -> None:
         try:
             await self._call.write(message)
-        except asyncio.InvalidStateError:
-            # The call has ended: the daemon refused the stream, and its error says why.
+        except (asyncio.InvalidStateError, grpc.RpcError):
+            # The call has ended: the daemon refused the stream, and its error says why;
+            # or its deadline passed, and gRPC fails the write with INTERNAL ("Internal
+            # error from Core"), which is not what happened.
             await asyncio.wait({self._reader})
+            remaining = self._call.time_remaining()
+            if remaining is not None and remaining <= 0:
+                raise DeadlineExceeded("the deadline passed while the stream was sent") from None
             self._stream.raise_if_failed()
             raise

@@ -304,22 +304,22 @@ def _attached(framed_version: int) -> tuple[ClientCore, list[str], Callable[[Op]
     return c, made, perform
 
 
-def test_leases_and_releases_go_on_the_framed_socket_of_a_daemon_that_speaks_vsf2() -> None:
-    c, made, perform = _attached(framed_version=2)
+@pytest.mark.parametrize(
+    "version,made_then,framed",
+    [
+        (2, ["framed:LeaseRequest", "framed:ReleaseRequest"], "/run/x.sock.framed"),
+        (0, ["Lease", "Release"], ""),  # an older daemon: VSF1 only, which this client leaves
+    ],
+    ids=["vsf2", "vsf1-only"],
+)
+def test_leases_and_releases_go_on_the_framed_socket_of_a_daemon_that_speaks_vsf2(
+    version: int, made_then: list[str], framed: str
+) -> None:
+    c, made, perform = _attached(framed_version=version)
     run_blocking(c.lease(64), perform)
     run_blocking(c.release("l" * 32), perform)
-    assert made == ["Attach", "framed:LeaseRequest", "framed:ReleaseRequest"]
-    assert c.framed == "/run/x.sock.framed"
-
-
-def test_a_daemon_that_speaks_only_vsf1_gets_grpc_for_everything() -> None:
-    """An older daemon (no `framed_version`) speaks VSF1 only: this client, which speaks
-    VSF2, leaves its framed socket alone."""
-    c, made, perform = _attached(framed_version=0)
-    run_blocking(c.lease(64), perform)
-    run_blocking(c.release("l" * 32), perform)
-    assert made == ["Attach", "Lease", "Release"]
-    assert c.framed == ""
+    assert made == ["Attach", *made_then]
+    assert c.framed == framed
 
 
 def test_an_unreachable_framed_socket_sends_leases_over_grpc_until_the_next_attach() -> None:
