@@ -126,25 +126,27 @@ class Session:
 
 class Framed:
     """A connection to the daemon's framed socket kept across requests, as the client
-    keeps it; `raw` sends bytes as given. A hostile `preamble` or a broken frame ends it,
-    and the next request opens another."""
+    keeps it: "VSF2", or "VSF1" for `raw`, which sends EncodeRequest bytes as given. A
+    hostile `preamble` or a broken frame ends it, and the next request opens another."""
 
     def __init__(self, path: str, raw: bool = False) -> None:
         self.path, self.raw = path, raw
+        self.preamble = b"VSF1" if raw else b"VSF2"
         self.sock: socket.socket | None = None
 
     def __call__(self, request: Any, timeout: float | None = None) -> pb.EncodeResult:
-        data = request if self.raw else request.SerializeToString()
-        reply = self.ask(b"VSF1", struct.pack(">I", len(data)) + data, timeout)
+        data = request if self.raw else pb.FramedRequest(encode=request).SerializeToString()
+        reply = self.ask(self.preamble, struct.pack(">I", len(data)) + data, timeout)
         if reply is None:  # hung up where a reply was due: a server error
             raise ReplyError(pb.SessionError(code=grpc.StatusCode.UNKNOWN.value[0]))
         if reply.HasField("error"):
             raise ReplyError(reply.error)
         return reply.result
 
-    def ask(self, preamble: bytes, data: bytes, timeout: float | None) -> pb.SessionReply | None:
-        """Send `data` (after `preamble` on a new connection) and read one reply; None if
-        the daemon closed the connection instead."""
+    def ask(self, preamble: bytes, data: bytes, timeout: float | None) -> pb.FramedReply | None:
+        """Send `data` (after `preamble` on a new connection) and read one reply, as a
+        FramedReply (a SessionReply reads the same); None if the daemon closed the
+        connection instead."""
         if self.sock is None:
             self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self.sock.settimeout(timeout)
@@ -159,7 +161,7 @@ class Framed:
         if body is None:
             self.close()
             return None
-        return pb.SessionReply.FromString(body)
+        return pb.FramedReply.FromString(body)
 
     def _exactly(self, size: int) -> bytes | None:
         assert self.sock is not None
@@ -407,7 +409,8 @@ class Fuzzer:
                 kind, bad = "framed-preamble", reply is not None
             elif pick < 0.7:
                 size = r.choice([8 * 1024 * 1024 + 1, 2**31, 2**32 - 1])
-                reply = connection.ask(b"VSF1", struct.pack(">I", size) + b"x" * 16, 30)
+                preamble = r.choice([b"VSF1", b"VSF2"])
+                reply = connection.ask(preamble, struct.pack(">I", size) + b"x" * 16, 30)
                 kind = "framed-oversized"
                 bad = reply is None or reply.error.code != grpc.StatusCode.INVALID_ARGUMENT.value[0]
             else:
