@@ -217,6 +217,8 @@ class CudaVideo:
             self._convert_stream = host.stream(self.device, "convert")
             self._convert_stream.wait_event(self._ready)
 
+    lands_later = True  # copies run on the GPU's streams after copy_into returns
+
     @property
     def frame_bytes(self) -> int:
         return frame_bytes(self.pixel_format, self.width, self.height)

@@ -222,7 +222,7 @@ class FramesLanding:
         clock: Clock,
     ) -> FramesLanding | None:
         """One for a video whose copy is worth overlapping, on a daemon that takes it."""
-        if not core.framed or not hasattr(source, "land"):
+        if not core.framed or not source.lands_later:
             return None  # only the framed socket overlaps; only a GPU copies behind us
         if source.frames * source.frame_bytes < LANDING_MIN_BYTES:
             return None
@@ -247,7 +247,7 @@ class FramesLanding:
             return
         self._done = True
         with self._clock.copying():
-            self._source.land(self._landed)  # type: ignore[attr-defined]
+            self._source.land(self._landed)
         self._clock.transferred()
 
     def _landed(self, frames: int) -> None:

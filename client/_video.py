@@ -74,6 +74,14 @@ class VideoSource(Protocol):
     def finish(self) -> None:
         """Block until every copy issued by `copy_into` has landed."""
 
+    @property
+    def lands_later(self) -> bool:
+        """Whether copies still run when `copy_into` returns (a GPU's do)."""
+
+    def land(self, count: Callable[[int], None]) -> None:
+        """As `finish`, telling `count` how many frames (in order) have landed as more
+        do: for a request sent while the copies still run."""
+
 
 def is_torch_tensor(obj: Any) -> bool:
     return type(obj).__module__.startswith("torch") and hasattr(obj, "device")
@@ -115,6 +123,11 @@ class PlanarVideo:
 
     def finish(self) -> None:
         pass
+
+    lands_later = False
+
+    def land(self, count: Callable[[int], None]) -> None:
+        count(self.frames)
 
 
 @dataclass
@@ -164,6 +177,11 @@ class ArrayVideo:
 
     def finish(self) -> None:
         pass
+
+    lands_later = False
+
+    def land(self, count: Callable[[int], None]) -> None:
+        count(self.frames)
 
 
 def prepare_video(

@@ -200,3 +200,64 @@ def test_frames_landing_from_another_thread_while_others_encode(daemon: Daemon) 
             frames, _ = decode(data)
             assert len(frames) == 24 and psnr(frames, VIDEO) > 35
         assert c.status().pool["active_leases"] <= 1
+
+
+# -- the count itself, without a daemon ---------------------------------------------------
+
+
+def test_a_count_is_waited_for_and_each_frame_handed_out_once_counted() -> None:
+    from sidecar.landing import Landing
+
+    slab = np.zeros(64, dtype=np.uint8)
+    frames = np.arange(5 * 4, dtype=np.uint8).reshape(5, 4)
+    landing = Landing(slab, 8, total=5)
+    gated = landing.gate(frames, 0, lambda: None)
+    count = slab[8:12].view("<u4")
+
+    def land_slowly() -> None:
+        for k in range(1, 6):
+            time.sleep(0.02)
+            count[0] = k
+
+    lander = threading.Thread(target=land_slowly)
+    lander.start()
+    got = [(time.monotonic(), image.copy()) for image in gated]
+    lander.join()
+    assert len(gated) == 5 and landing.complete
+    assert [image.tolist() for _, image in got] == frames.tolist()
+    assert got[-1][0] - got[0][0] >= 0.06  # each waited for its own count
+    count[0] = 2**32 - 1
+    assert landing.landed() == 5  # a count past the frames is the frames
+
+
+def test_a_stalled_count_fails_and_a_check_stops_the_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sidecar import landing as module
+    from sidecar.errors import Cancelled, InvalidRequest
+
+    monkeypatch.setattr(module, "STALL_S", 0.1)
+    slab = np.zeros(16, dtype=np.uint8)
+    slab[:4].view("<u4")[0] = 2
+    landing = module.Landing(slab, 0, total=4)
+    landing.wait_for(2, lambda: None)  # already there: no wait
+    with pytest.raises(InvalidRequest, match="2 of 4 counted") as stalled:
+        landing.wait_for(3, lambda: None)
+    assert stalled.value.field == "landed_count_offset"
+
+    def stop() -> None:
+        raise Cancelled("cancelled by the client")
+
+    with pytest.raises(Cancelled):
+        landing.wait_for(3, stop)
+
+
+@pytest.mark.parametrize(
+    "offset,frames_end,size,why",
+    [(6, 4, 64, "multiple of 4"), (4, 8, 64, "inside the frames"), (64, 8, 64, "no room")],
+)
+def test_where_a_count_may_lie(offset: int, frames_end: int, size: int, why: str) -> None:
+    from sidecar.errors import InvalidRequest
+    from sidecar.landing import check_place
+
+    check_place(8, 8, 12)  # right after the frames, the lease's last 4 bytes
+    with pytest.raises(InvalidRequest, match=why):
+        check_place(offset, frames_end, size)
