@@ -3,12 +3,12 @@
 The job takes pieces from its feed in order (ranges in leases, or inline frames), hands
 borrowed views to the encoder, and frees each lease the moment its last frame is inside
 the encoder. Whatever way it ends (done, failed, cancelled), every lease it was given is
-freed, or handed back to the client if nothing was read, and no partial file is left.
+freed, or handed back to the client if nothing was read or its frames may still be
+landing (see landing), and no partial file is left.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import logging
 import os
@@ -270,10 +270,14 @@ class EncodeJob:
         one dies too, the request fails rather than risk the daemon on them."""
         plan = self.plan
         job = Assignment.of(
-            self.key, plan.geometry, plan.codec, self.threads, self.thread_type, pieces
+            self.key,
+            plan.geometry,
+            plan.codec,
+            self.threads,
+            self.thread_type,
+            pieces,
+            landed_at=plan.landed_at,
         )
-        if plan.landed_at is not None:
-            job = dataclasses.replace(job, landed_at=plan.landed_at)
         # A short clip's encode takes about as long as an open, and the next request comes
         # before the used process has reopened: have another process open one now.
         prepare = job.preparation() if plan.frames_total <= PREPARE_MAX_FRAMES else None

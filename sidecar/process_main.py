@@ -92,13 +92,16 @@ class Assignment(EncoderSettings):
         threads: int,
         thread_type: str,
         pieces: list[PlacedRange],
+        *,
+        landed_at: tuple[int, int] | None = None,
     ) -> Assignment:
-        """What a process needs for an encode: settings, and where its frames lie."""
+        """What a process needs for an encode: settings, where its frames lie, and where
+        their landed-frame count lies if they still land."""
         regions = tuple(
             Region(p.lease.slab_id, p.start, p.frame_count, p.row_stride, p.frame_stride)
             for p in pieces
         )
-        return cls(key, geometry, codec, threads, thread_type, regions)
+        return cls(key, geometry, codec, threads, thread_type, regions, landed_at)
 
 
 @dataclass
