@@ -200,8 +200,10 @@ class CudaVideo:
         self._side.wait_event(self._ready)
         self._ops = Ops(torch)
         self._identity = conversion.integer and not conversion.yuv
-        # (event, frames landed once it completes) after each batch's copy, for `land`.
+        # (event, frames landed once it completes) after each batch's copy, for `land`;
+        # only for a video that may be sent while it lands (an event costs each batch).
         self._marks: list[tuple[Any, int]] = []
+        self._marked = self.frames * self.frame_bytes >= LANDING_MIN_BYTES
         from . import _yuv_kernel  # imports Triton: only once a CUDA tensor comes
 
         self._kernel = _yuv_kernel
@@ -209,7 +211,7 @@ class CudaVideo:
         self._fused = conversion.yuv and _yuv_kernel.available()
         scratch = self.frame_bytes if self._fused else self.height * self.width * channels * 4
         self._batch = max(1, GPU_BATCH_BYTES // scratch)
-        if self._fused and self.frames * self.frame_bytes < LANDING_MIN_BYTES:
+        if self._fused and not self._marked:
             # The kernel for the next batch runs on its own stream while this one crosses
             # PCIe: smaller batches, so little of the first kernel is left unhidden.
             self._batch = max(1, self._batch // OVERLAP_BATCHES)
@@ -248,9 +250,10 @@ class CudaVideo:
                     if not overlap:
                         out = self._convert(self.frames_thwc[first:last], shape)
                     dst[first - start : last - start].copy_(out, non_blocking=True)
-                    landed = torch.cuda.Event()
-                    landed.record(self._side)
-                    self._marks.append((landed, last))
+                    if self._marked:
+                        landed = torch.cuda.Event()
+                        landed.record(self._side)
+                        self._marks.append((landed, last))
 
     def _convert(self, batch: Any, shape: tuple[int, ...]) -> Any:
         """Wire frames for `batch`, on the GPU (the caller's own frames when they are)."""
@@ -276,3 +279,4 @@ class CudaVideo:
             landed.synchronize()
             count(frames)
         self.finish()
+        count(self.frames)  # every frame: a short video marks no batch

@@ -84,6 +84,11 @@ class PlacedRange:
     row_stride: int
     frame_stride: int
 
+    def end(self, geometry: Geometry) -> int:
+        """The byte past the last frame's last row, inside the slab."""
+        frame_bytes = geometry.layout.rows(geometry.height) * self.row_stride
+        return self.start + (self.frame_count - 1) * self.frame_stride + frame_bytes
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -184,16 +189,17 @@ def place_range(geometry: Geometry, spec: FrameRangeSpec, lease: Lease, where: s
             f"{where}.frame_stride",
             f"{frame_stride} is less than one frame ({frame_bytes} bytes); frames would overlap",
         )
-    end = spec.offset + (spec.frame_count - 1) * frame_stride + frame_bytes
+    placed = PlacedRange(
+        lease, lease.offset + spec.offset, spec.frame_count, row_stride, frame_stride
+    )
+    end = placed.end(geometry) - lease.offset
     if end > lease.size:
         raise InvalidRequest(
             f"{where}.frame_count",
             f"{spec.frame_count} frames of {frame_bytes} bytes at offset {spec.offset} with "
             f"stride {frame_stride} end at byte {end}, past the lease's {lease.size} bytes",
         )
-    return PlacedRange(
-        lease, lease.offset + spec.offset, spec.frame_count, row_stride, frame_stride
-    )
+    return placed
 
 
 def borrow_frames(slab: np.ndarray, geometry: Geometry, placed: PlacedRange) -> np.ndarray:

@@ -95,13 +95,8 @@ class Planner:
         if not offset or not ranges:  # a stream header has no such field
             return None
         lease = ranges[-1].lease
-        frames_end = max(
-            r.start - lease.offset + (r.frame_count - 1) * r.frame_stride
-            + geometry.layout.rows(geometry.height) * r.row_stride
-            for r in ranges
-            if r.lease.id == lease.id
-        )  # fmt: skip
-        check_place(offset, frames_end, lease.size)
+        frames_end = max(r.end(geometry) for r in ranges if r.lease.id == lease.id)
+        check_place(offset, frames_end - lease.offset, lease.size)
         return lease.slab_id, lease.offset + offset
 
     def accept(self, spec: EncodeSpec, *, stream: bool = False) -> Accepted:
