@@ -40,11 +40,6 @@ log = logging.getLogger(__name__)
 OUTPUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EROFS, errno.EIO)
 
 
-# Clips up to this long have the next encoder for their settings opened as they start
-# (448x256x16 waited 1.4-3.8 ms for a reopen when only slice-threaded clips did).
-PREPARE_MAX_FRAMES = 32
-
-
 class EncodeJob:
     """Runs an `EncodePlan` on the calling thread; `stop()` may be called from anywhere.
 
@@ -278,9 +273,11 @@ class EncodeJob:
             pieces,
             landed_at=plan.landed_at,
         )
-        # A short clip's encode takes about as long as an open, and the next request comes
-        # before the used process has reopened: have another process open one now.
-        prepare = job.preparation() if plan.frames_total <= PREPARE_MAX_FRAMES else None
+        # The next request with these settings comes before the used process has opened
+        # its next encoder: a short clip's encode takes about as long as an open, and a
+        # long clip's next request follows its reply within a few milliseconds (it waited
+        # 0.2-2.8 ms at 1344x768x122). So another process opens one now, while this encodes.
+        prepare = job.preparation()
         for attempt in range(2):
             proc = processes.take(self.key, prepare)
             if proc is None:
@@ -435,12 +432,16 @@ class EncodeJob:
             sink = f"/proc/self/fd/{memfd}"
         else:
             sink = str(plan.target.open_temp())
+        # A video cut into segments encodes no frame in this encoder: it carries the
+        # stream's headers and muxes the segments' packets. One thread opens it in 0.7 ms
+        # where twelve took 3-12 ms, with the same headers (encode_segments checks them).
+        threads = 1 if len(self._segments()) > 1 else self.threads
         try:
             encoder = VideoEncoder(
                 sink,
                 plan.geometry,
                 plan.codec,
-                self.threads,
+                threads,
                 self.thread_type,
                 container=plan.container,
                 audio=plan.audio,

@@ -7,7 +7,7 @@ calls do too. So every MP4 without audio whose frames are all in leases, and whi
 cut into segments (see segments), goes to a pool of encoder processes (`process_main`),
 each with its own GIL and its own ready encoder. A process answers, then opens its next
 encoder while another takes the next request: back-to-back requests alternate between
-processes and never wait for an open. For that, a short clip that takes the only encoder
+processes and never wait for an open. For that, a request that takes the only encoder
 ready for its settings has a free process open another at once, while it encodes; so as
 many stay ready as requests for those settings run at once. A long encode reports
 progress over the pipe, and a request cancelled meanwhile tells its process to stop.

@@ -413,3 +413,21 @@ def test_back_to_back_clips_alternate_between_ready_processes(make_daemon) -> No
     # of 30 found one ready run alone, 14 late in the whole suite). The policy itself is
     # pinned by the tests above.
     assert hits >= 15, (before, after)
+
+
+def test_back_to_back_long_clips_find_an_encoder_ready(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    """A long clip (frame threads) has another process open the next encoder while it
+    encodes too: its next request follows the reply within milliseconds, before the used
+    process has reopened (it used to wait for that reopen every time)."""
+    d = make_daemon(encoder_processes=3)
+    clip = moving_pattern(40, 240, 320)
+    encode_until_in_processes(d, clip)
+    with d.client() as c:
+        for _ in range(4):
+            c.encode(clip)
+        before = c.status().counters
+        for _ in range(12):
+            c.encode(clip)
+        after = c.status().counters
+    hits = after["warm_hits"] - before["warm_hits"]
+    assert hits >= 8, (before, after)
