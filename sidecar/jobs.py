@@ -432,16 +432,12 @@ class EncodeJob:
             sink = f"/proc/self/fd/{memfd}"
         else:
             sink = str(plan.target.open_temp())
-        # A video cut into segments encodes no frame in this encoder: it carries the
-        # stream's headers and muxes the segments' packets. One thread opens it in 0.7 ms
-        # where twelve took 3-12 ms, with the same headers (encode_segments checks them).
-        threads = 1 if len(self._segments()) > 1 else self.threads
         try:
             encoder = VideoEncoder(
                 sink,
                 plan.geometry,
                 plan.codec,
-                threads,
+                self.threads,
                 self.thread_type,
                 container=plan.container,
                 audio=plan.audio,
