@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -80,6 +81,10 @@ class EncoderProcess:
         finally:
             theirs.close()
         self.conn = Connection(ours.detach())
+        # One poll object for the pipe: Connection.poll() builds a selector on each call
+        # (tens of microseconds beside encoder threads), and a request polls a few times.
+        self._poller = select.poll()
+        self._poller.register(self.conn.fileno(), select.POLLIN)
         self.started = False  # said it is up
         self.opening = False  # opening its next encoder, for `next_key`
         self.next_key: EncoderKey | None = None
@@ -92,7 +97,7 @@ class EncoderProcess:
     def poll(self) -> None:
         """Take in what the process said while nobody was waiting for it."""
         try:
-            while not self.broken and self.conn.poll():
+            while not self.broken and self._readable(0.0):
                 self._heard(self.conn.recv())
         except (EOFError, OSError):
             self.broken = True
@@ -140,7 +145,7 @@ class EncoderProcess:
                 if not told_to_stop and stopped():
                     self.conn.send(Stop())
                     told_to_stop = True
-                if not self.conn.poll(STOP_POLL_S):
+                if not self._readable(STOP_POLL_S):
                     continue
                 message = self.conn.recv()
                 if isinstance(message, Answer):
@@ -165,6 +170,10 @@ class EncoderProcess:
         except RuntimeError:  # something else came: the process is not to be trusted
             raise EOFError("no descriptor after a large answer") from None
 
+    def _readable(self, timeout_s: float) -> bool:
+        """Whether the process said something (or is gone: the next read raises)."""
+        return bool(self._poller.poll(timeout_s * 1000))
+
     def _heard(self, message: object) -> None:
         if isinstance(message, Ready):
             self.started = True
@@ -174,6 +183,8 @@ class EncoderProcess:
     def stop(self) -> None:
         with contextlib.suppress(OSError):
             self.conn.send(None)
+        with contextlib.suppress(OSError, KeyError, ValueError):
+            self._poller.unregister(self.conn.fileno())  # before its number can be reused
         with contextlib.suppress(OSError):
             self.conn.close()
         try:

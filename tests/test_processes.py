@@ -299,7 +299,8 @@ def test_a_large_output_comes_back_as_a_descriptor(make_daemon) -> None:  # type
 
 
 class _Pipe:
-    """A process's socket that records what the daemon sends and says nothing back."""
+    """A process's socket (and its poll object) that records what the daemon sends and
+    says nothing back."""
 
     def __init__(self) -> None:
         self.sent: list[object] = []
@@ -314,6 +315,7 @@ class _Pipe:
 def _proc(holds: EncoderKey | None, opening: bool = False, idle_s: float = 0.0):  # type: ignore[no-untyped-def]
     proc = processes.EncoderProcess.__new__(processes.EncoderProcess)
     proc.conn = _Pipe()  # type: ignore[assignment]
+    proc._poller = proc.conn  # type: ignore[assignment]
     proc.started, proc.broken, proc.busy, proc.taken_ready = True, False, False, False
     proc.opening = opening
     proc.next_key, proc.ready_key = (holds, None) if opening else (None, holds)
