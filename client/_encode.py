@@ -9,6 +9,7 @@ from typing import Any
 import grpc
 
 from sidecar.api.v1 import sidecar_pb2 as pb
+from sidecar.vocabulary import LANDED_COUNT_BYTES as COUNT_BYTES
 
 from ._audio import Pcm, prepare_audio
 from ._core import ClientCore
@@ -252,9 +253,6 @@ class FramesLanding:
 
     def _landed(self, frames: int) -> None:
         self._count[0] = frames
-
-
-COUNT_BYTES = 4
 
 
 def _aligned(nbytes: int) -> int:

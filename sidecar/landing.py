@@ -25,11 +25,11 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from .errors import InvalidRequest
+from .vocabulary import LANDED_COUNT_BYTES as COUNT_BYTES
 
 STALL_S = 10.0  # a count that rises no further for this long fails the request
 FIRST_PAUSE_S = 20e-6
 LONGEST_PAUSE_S = 1e-3
-COUNT_BYTES = 4
 FIELD = "landed_count_offset"
 
 

@@ -29,6 +29,9 @@ FRAMED_REPLY_MAX_BYTES = 1024 * 1024 * 1024
 # clients. `AttachResponse.framed_version` says the newest.
 FRAMED_PREAMBLES = {b"VSF1": 1, b"VSF2": 2}
 FRAMED_VERSION = 2
+# `EncodeRequest.landed_count_offset`: the landed-frame count is a little-endian uint32,
+# at an offset that is a multiple of its size.
+LANDED_COUNT_BYTES = 4
 
 
 class Reason(str, enum.Enum):
