@@ -58,6 +58,7 @@ class Planner:
         if out.container not in CONTAINERS:
             raise InvalidRequest("output.container", f"unknown container {out.container!r}")
         codec = spec.codec.resolve(out.container)
+        codec.check_size(geometry.width, geometry.height)
         audio = spec.audio.format.check() if spec.audio.format is not None else None
         if spec.audio.data and audio is None:
             raise InvalidRequest("audio_data", "audio samples sent without an audio format")
