@@ -28,7 +28,8 @@ from typing import Any
 import av
 import numpy as np
 
-from sidecar.encoder import CodecSpec, threading_for
+from sidecar.encoder import CodecSpec, configure, threading_for
+from sidecar.frames import Limits, check_geometry
 
 from .common import (
     CONTENTS,
@@ -43,6 +44,8 @@ from .common import (
 )
 from .variants import UpstreamA
 
+LIMITS = Limits(100_000, 8192, 8192, 1 << 40)
+
 
 def yuv_frames(rgb: np.ndarray) -> list[av.VideoFrame]:
     """The frames as the encoder takes them: yuv420p, made before any timer starts."""
@@ -56,12 +59,10 @@ def x264_alone(frames: list[av.VideoFrame], width: int, height: int) -> tuple[fl
     """(ms, output bytes) for one encode of `frames` by a codec context, opened untimed."""
     codec = CodecSpec().resolve("mp4")
     threads, thread_type = threading_for(len(frames), height, len(os.sched_getaffinity(0)))
+    geometry = check_geometry(width, height, "yuv420p", Fraction(24), LIMITS)
     ctx = av.CodecContext.create(codec.choice.encoder, "w")
     assert isinstance(ctx, av.VideoCodecContext)
-    ctx.width, ctx.height, ctx.pix_fmt = width, height, "yuv420p"
-    ctx.time_base = Fraction(1, 24)
-    ctx.thread_type, ctx.thread_count = thread_type, threads
-    ctx.options = dict(codec.options)
+    configure(ctx, geometry, codec, threads, thread_type)  # as the daemon sets it up
     ctx.open()
     size = 0
     t0 = time.perf_counter()

@@ -16,10 +16,11 @@ from sidecar.encoder import (
     VideoEncoder,
     converting_frame_threads,
     frame_threads,
+    slice_threads,
     threading_for,
 )
 from sidecar.errors import InvalidRequest
-from sidecar.frames import Limits, check_geometry
+from sidecar.frames import Geometry, Limits, check_geometry
 
 from .helpers import decode, psnr
 
@@ -104,3 +105,17 @@ def test_threads_for_short_and_long_clips() -> None:
     assert [converting_frame_threads(c) for c in (1, 2, 4, 8, 16, 32)] == [1, 2, 4, 4, 8, 16]
     assert threading_for(122, 768, 16, converts=True) == (8, "FRAME")
     assert threading_for(4, 768, 16, converts=True) == (16, "SLICE")
+
+
+def test_small_frames_get_one_slice_thread_rather_than_two() -> None:
+    """Two slice threads on a frame under 1000 macroblocks become one; more stay."""
+    limits = Limits(100, 8192, 8192, 1 << 40)
+
+    def geometry(width: int, height: int) -> Geometry:
+        return check_geometry(width, height, "rgb24", Fraction(24), limits)
+
+    assert slice_threads(geometry(448, 256), 2) == 1  # 448 macroblocks
+    assert slice_threads(geometry(448, 256), 5) == 5
+    assert slice_threads(geometry(672, 384), 2) == 2  # 1008 macroblocks
+    assert slice_threads(geometry(1344, 768), 2) == 2
+    assert slice_threads(geometry(64, 64), 1) == 1
