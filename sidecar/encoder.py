@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Mapping
@@ -236,6 +237,9 @@ def converts(geometry: Geometry) -> bool:
     return geometry.layout.name != "yuv420p"
 
 
+FASTSTART = "+faststart"
+
+
 def container_options(
     container: str, sink: str | BinaryIO, audio: AudioFormat | None
 ) -> dict[str, str]:
@@ -252,7 +256,7 @@ def container_options(
         options["frag_duration"] = "500000"
         options["use_editlist"] = "1"
     elif container == "mp4" and isinstance(sink, str):
-        options["movflags"] = "+faststart"
+        options["movflags"] = FASTSTART  # see VideoEncoder.reserve_index
     if audio is not None and container != "fmp4":
         # Audio may arrive only at the end: hold video packets so the two interleave.
         options["max_interleave_delta"] = "0"
@@ -373,6 +377,19 @@ def converted_ahead(
         pool.shutdown(wait=True, cancel_futures=True)
 
 
+# The MP4's index (moov) goes ahead of the frames, so that players can start before the
+# whole file is in. FFmpeg's faststart writes it at the end and then moves every byte of
+# the file up to make room: 1.9 ms of a 4.4 MB output, 14 ms of a 42 MB one. When the
+# frame count is known before the first frame, the room is kept at the start instead and
+# the index written into it: generous, as an index that does not fit fails the output.
+INDEX_BYTES = 4096  # what does not grow with the samples, extradata included
+# Size, offset, chunk, sync and time entries, at worst; B-frames with audio took 12.
+INDEX_BYTES_PER_SAMPLE = 48
+# Smaller videos keep faststart: moving their file costs little, and the room kept would
+# be a larger share of it (1344x768x60: 7 KiB, 1.4% of a smooth video's 0.5 MB).
+RESERVE_INDEX_MIN_PIXELS = 1344 * 768 * 60
+
+
 @dataclass
 class EncodeTimings:
     open: float = 0.0
@@ -433,6 +450,23 @@ class VideoEncoder:
         stream.time_base = stream.codec_context.time_base
         open_context(stream.codec_context, self.codec)
         return stream
+
+    def reserve_index(self, frames: int) -> None:
+        """Keep room for the index of an MP4 of `frames` frames ahead of them, instead of
+        moving the whole file at the end (see `INDEX_BYTES`). What is left over stays a
+        `free` box of a few kilobytes. Only before the first frame is muxed."""
+        options = self._container.options
+        pixels = frames * self.geometry.width * self.geometry.height
+        if pixels < RESERVE_INDEX_MIN_PIXELS or self.frames:
+            return
+        if options.get("movflags") != FASTSTART:
+            return  # not an MP4 written to a path: no index to move
+        samples = frames
+        if self.audio is not None:  # AAC: 1024 samples a packet, trimmed to the video
+            rate = self.audio.stream.rate
+            samples += math.ceil(frames / self.geometry.fps * rate / 1024) + 4
+        del options["movflags"]
+        options["moov_size"] = str(INDEX_BYTES + INDEX_BYTES_PER_SAMPLE * samples)
 
     def _frame(self, image: np.ndarray) -> av.VideoFrame:
         return self._converter.frame(image)

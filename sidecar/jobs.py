@@ -141,6 +141,7 @@ class EncodeJob:
             encoder, memfd = self._open()
             if self._audio is not None:
                 encoder.set_audio(self._audio)
+            encoder.reserve_index(plan.frames_total)  # 0, for a stream: nothing reserved
             self._consume(encoder)
             encoder.close()
             if self.stopped:  # gone while the encoder drained: keep nothing

@@ -211,10 +211,11 @@ class Worker:
             else:
                 warm.encoder.timings.open = 0.0  # paid before this request arrived
             encoder = warm.encoder
+            total = sum(region.frame_count for region in job.regions)
+            encoder.reserve_index(total)
             watch = _Watch(self._conn, encoder)
             landing = None
             if job.landed_at is not None:
-                total = sum(region.frame_count for region in job.regions)
                 landing = Landing(self._slabs[job.landed_at[0]], job.landed_at[1], total)
             first = 0
             for region in job.regions:

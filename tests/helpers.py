@@ -173,3 +173,25 @@ def recorded_ways(monkeypatch: Any) -> list[str]:
 
     monkeypatch.setattr(ClientCore, "one_reply_way", recording)
     return ways
+
+
+def top_level_boxes(data: bytes) -> list[tuple[bytes, int]]:
+    """An MP4's top-level boxes: (type, size), in order."""
+    boxes, at = [], 0
+    while at + 8 <= len(data):
+        size, kind = int.from_bytes(data[at : at + 4], "big"), data[at + 4 : at + 8]
+        if size == 1:
+            size = int.from_bytes(data[at + 8 : at + 16], "big")
+        boxes.append((kind, size))
+        at += size if size else len(data)
+    return boxes
+
+
+def index_first(data: bytes) -> int:
+    """Checks that the index (moov) comes before the frames (mdat), with only `free`
+    boxes between; returns the bytes those hold (FFmpeg always writes one of 8)."""
+    boxes = top_level_boxes(data)
+    kinds = [kind for kind, _ in boxes]
+    assert kinds[:2] == [b"ftyp", b"moov"] and kinds[-1] == b"mdat", kinds
+    assert set(kinds[2:-1]) <= {b"free"}, kinds
+    return sum(size for kind, size in boxes if kind == b"free")

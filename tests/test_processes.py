@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
+import av
 import numpy as np
 import pytest
 
@@ -23,7 +24,7 @@ from sidecar.errors import Cancelled
 from sidecar.process_main import WATCH_S, Stop, _Watch
 from sidecar.processes import EncoderProcesses
 from sidecar.warm import EncoderKey
-from tests.helpers import Daemon
+from tests.helpers import Daemon, decode, index_first, psnr
 
 
 def encoder_processes(daemon: Daemon) -> list[int]:
@@ -446,3 +447,35 @@ def test_an_encode_sees_the_daemons_stop_within_its_watch_interval() -> None:
     time.sleep(WATCH_S * 2)
     with pytest.raises(EOFError):
         watch()
+
+
+def test_long_videos_keep_room_for_their_index(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    """A video of 1344x768x60 pixels or more, its frame count known, gets its index
+    written into room kept ahead of the frames, in the daemon and in an encoder process
+    alike, rather than the whole file moved at the end (faststart)."""
+    rgb = moving_pattern(270, 360, 640)  # 62 million pixels, just over the line
+    yuv = np.stack(
+        [
+            av.VideoFrame.from_ndarray(f, format="rgb24")
+            .reformat(
+                format="yuv420p",
+                src_colorspace="itu709",
+                dst_colorspace="itu709",
+                src_color_range="JPEG",
+                dst_color_range="MPEG",
+            )
+            .to_ndarray()
+            for f in rgb
+        ]
+    )
+    for beside in (0, 1):
+        d = make_daemon(encoder_processes=beside, slabs=2, slab_size="128MiB")
+        if beside:
+            encode_until_in_processes(d, moving_pattern(4, 64, 96))
+        with d.client() as c:
+            before = c.status().counters["process_encodes"]
+            data = c.encode(yuv, pixel_format="yuv420p").data or b""
+            assert c.status().counters["process_encodes"] == before + beside
+        assert index_first(data) > 4096  # the room, less the index written into it
+        decoded, _ = decode(data)
+        assert len(decoded) == 270 and psnr(decoded[::53], rgb[::53]) >= 35
