@@ -192,12 +192,12 @@ ranges = st.builds(
 )
 @given(
     # Mostly plausible sizes and formats, so the checks behind them are reached too.
-    width=st.one_of(st.sampled_from([16, 32, 64]), I64),
-    height=st.one_of(st.sampled_from([16, 32, 64]), I64),
+    width=st.one_of(st.sampled_from([16, 32, 48, 64]), I64),
+    height=st.one_of(st.sampled_from([16, 32, 48, 64]), I64),
     fmt=st.one_of(st.integers(1, 6), st.integers(-3, 12)),
     fps=st.one_of(st.just((24, 1)), st.tuples(I64, I64)),
     pieces=st.lists(ranges, min_size=1, max_size=3),
-    codec=st.sampled_from(["", "", "h264", "av1", "vp9", "bogus", "h265\x00"]),
+    codec=st.sampled_from(["", "", "h264", "h265", "av1", "vp9", "bogus", "h265\x00"]),
     crf=st.one_of(st.none(), st.integers(0, 51), st.integers(-(2**31), 2**31 - 1)),
     preset=st.one_of(st.just(""), st.just("ultrafast"), st.text(max_size=12)),
     threads=st.one_of(st.just(0), st.integers(0, 2**32 - 1)),
