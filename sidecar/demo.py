@@ -94,7 +94,7 @@ def run(options: DemoOptions) -> int:
         ("convert", t.convert_ms, "RGB -> yuv420p BT.709"),
         ("encode", t.encode_ms, "libx264, frames borrowed from the slab"),
         ("mux", t.mux_ms, ""),
-        ("finalize", t.finalize_ms, "faststart index, atomic rename"),
+        ("finalize", t.finalize_ms, "the MP4 index up front, atomic rename"),
         ("daemon total", t.daemon_ms, ""),
         ("encode call total", t.total_ms, "lease + copy + daemon, as the client saw it"),
     ]
