@@ -442,6 +442,8 @@ class EncodeJob:
                 self.thread_type,
                 container=plan.container,
                 audio=plan.audio,
+                # Cut into segments: their encoders make the packets and the headers.
+                headers_later=len(self._segments()) > 1,
             )
         except BaseException:
             if memfd is not None:

@@ -132,10 +132,13 @@ def encode_segments(
     progress: Callable[[int], None],
 ) -> bool:
     """Encode `segments` at once and mux them in order; False (nothing done) when the
-    segment encoders would not share the stream's headers."""
+    segment encoders would not share the stream's headers. A stream opened with
+    `headers_later` takes the first segment encoder's."""
     shares = thread_shares(threads, [stop - start for start, stop in segments])
     first = SegmentCoder(encoder, shares[0])
-    if first.extradata != encoder.extradata:
+    if encoder.headers_later:
+        encoder.take_headers(first.extradata)  # the stream opened no encoder of its own
+    elif first.extradata != encoder.extradata:
         return False
     failed = threading.Event()
 
@@ -145,7 +148,7 @@ def encode_segments(
     def encode(index: int, start: int, stop: int) -> list[Any]:
         # The others open in their own threads: the first segment encodes meanwhile.
         coder = first if index == 0 else SegmentCoder(encoder, shares[index])
-        if coder.extradata != encoder.extradata:  # same settings: never expected
+        if coder.extradata != first.extradata:  # same settings: never expected
             raise RuntimeError("segment encoders disagree on the stream headers")
         return coder.encode(frame_at, start, stop, halt)
 

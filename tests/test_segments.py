@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import io
+from fractions import Fraction
+from pathlib import Path
 
 import av
 import numpy as np
 import pytest
 
 from client.patterns import moving_pattern
-from sidecar.encoder import CodecSpec
-from sidecar.segments import keyframe_interval, plan_segments, thread_shares
+from sidecar.encoder import CodecSpec, VideoEncoder
+from sidecar.frames import Limits, check_geometry
+from sidecar.segments import encode_segments, keyframe_interval, plan_segments, thread_shares
 
 from .helpers import decode, psnr
 
@@ -90,3 +93,41 @@ def test_threads_follow_the_frames() -> None:
     assert thread_shares(8, [250, 250, 10]) == [4, 3, 1]
     assert thread_shares(2, [250, 112]) == [1, 1]  # at least one each
     assert sum(thread_shares(13, [60, 70, 80, 90])) == 13
+
+
+@pytest.mark.parametrize("preset", ["ultrafast", "fast"])  # fast: B-frames, so dts < pts
+def test_a_stream_without_an_encoder_takes_the_segments_headers(
+    tmp_path: Path, preset: str
+) -> None:
+    """The output stream of a segmented video opens no encoder of its own: it takes the
+    first segment encoder's headers, and the file is the one a stream with its own
+    encoder makes (but for the `btrt` box's peak rate, which the opened encoder left 0)."""
+    video = moving_pattern(120, 96, 160, noise=2.0)
+    geometry = check_geometry(160, 96, "rgb24", Fraction(24), Limits(1000, 4096, 4096, 1 << 34))
+    codec = CodecSpec(preset=preset, gop=60).resolve()
+    files = []
+    for later in (False, True):
+        out = tmp_path / f"later-{later}.mp4"
+        encoder = VideoEncoder(str(out), geometry, codec, 4, headers_later=later)
+        done = encode_segments(
+            encoder, lambda i: video[i], [(0, 60), (60, 120)], 4, lambda: False, lambda n: None
+        )
+        assert done
+        encoder.close()
+        files.append(out.read_bytes())
+    opened, later_ = files
+    assert packets(later_) == packets(opened)
+    got, _ = decode(later_)
+    assert len(got) == 120 and psnr(got, video) >= 35
+    assert len(later_) == len(opened)
+    assert sum(a != b for a, b in zip(opened, later_, strict=True)) <= 4  # btrt's peak rate
+
+
+def test_a_stream_without_an_encoder_encodes_nothing(tmp_path: Path) -> None:
+    geometry = check_geometry(160, 96, "rgb24", Fraction(24), Limits(1000, 4096, 4096, 1 << 34))
+    encoder = VideoEncoder(
+        str(tmp_path / "x.mp4"), geometry, CodecSpec().resolve(), 2, headers_later=True
+    )
+    with pytest.raises(RuntimeError, match="no encoder"):
+        encoder.encode(moving_pattern(1, 96, 160)[0])
+    encoder.abort()
