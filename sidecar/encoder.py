@@ -73,7 +73,8 @@ CODECS: dict[str, CodecChoice] = {
         {"x265-params": "log-level=error"},
         min_size=64,
     ),
-    "av1": CodecChoice("av1", "libsvtav1", SVT_AV1_PRESETS, "10", 30, 63),
+    # SVT-AV1 refuses a side of 2 pixels when it opens; said up front, it names the side.
+    "av1": CodecChoice("av1", "libsvtav1", SVT_AV1_PRESETS, "10", 30, 63, min_size=4),
     # Constant quality needs b=0; row-mt and cpu-used 8 keep realtime VP9 fast.
     "vp9": CodecChoice(
         "vp9",

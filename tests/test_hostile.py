@@ -363,3 +363,19 @@ def test_h265_under_its_coding_unit_is_refused(
         client_token=token, video=video(lease(stub, token, FRAMES * FRAME_BYTES).lease_id)
     )
     assert [e for e in stub.Encode(h264, timeout=30) if e.HasField("result")]
+
+
+def test_av1_under_four_pixels_names_the_side(stub, token: str) -> None:
+    """SVT-AV1 refuses a side of 2 pixels when it opens; said up front, the error names
+    the side, not the options."""
+    lz = lease(stub, token, FRAMES * FRAME_BYTES)
+    described = video(lz.lease_id)
+    described.width, described.height = 2, 16
+    request = pb.EncodeRequest(
+        client_token=token, video=described, codec=pb.CodecOptions(codec="av1")
+    )
+    err = rpc_error(stub.Encode(request, timeout=10))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+    assert reason_of(err)[1].metadata["field"] == "video.width"
+    assert "av1 needs 4x4 at least" in err.details()  # type: ignore[attr-defined]
+    assert released(stub, token, lz.lease_id)
