@@ -30,7 +30,14 @@ from .output import FileTarget, output_error
 from .plans import EncodeOutcome, EncodePlan
 from .process_main import Answer, Assignment
 from .processes import EncoderProcesses, ProcessGone
-from .segments import SEGMENTABLE, encode_segments, frame_lookup, keyframe_interval, plan_segments
+from .segments import (
+    SEGMENTABLE,
+    SHARED_HEADERS,
+    encode_segments,
+    frame_lookup,
+    keyframe_interval,
+    plan_segments,
+)
 from .shm import Slab
 from .warm import EncoderKey, WarmPool, open_in_memory, opener_for
 
@@ -443,7 +450,8 @@ class EncodeJob:
                 container=plan.container,
                 audio=plan.audio,
                 # Cut into segments: their encoders make the packets and the headers.
-                headers_later=len(self._segments()) > 1,
+                headers_later=len(self._segments()) > 1
+                and plan.codec.choice.encoder in SHARED_HEADERS,
             )
         except BaseException:
             if memfd is not None:

@@ -131,3 +131,16 @@ def test_a_stream_without_an_encoder_encodes_nothing(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="no encoder"):
         encoder.encode(moving_pattern(1, 96, 160)[0])
     encoder.abort()
+
+
+def test_long_h265_videos_encode_whole(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    """x265's headers differ with its thread count, so its segment encoders (11 and 5
+    threads, say) never share them: an h265 video is encoded in one pass, and its stream
+    keeps an encoder of its own for the headers. Segments of 120 and 60 frames here."""
+    video = moving_pattern(180, 96, 160, noise=2.0)
+    d = make_daemon(encoder_threads=8, warm_encoders=0)
+    with d.client() as c:
+        result = c.encode(video, codec="h265", gop=60)
+    got, facts = decode(result.data or b"")
+    assert len(got) == 180 and facts["codec"] == "hevc"
+    assert psnr(got, video) >= 35
