@@ -32,7 +32,6 @@ from .process_main import Answer, Assignment
 from .processes import EncoderProcesses, ProcessGone
 from .segments import (
     SEGMENTABLE,
-    SHARED_HEADERS,
     encode_segments,
     frame_lookup,
     keyframe_interval,
@@ -450,8 +449,7 @@ class EncodeJob:
                 container=plan.container,
                 audio=plan.audio,
                 # Cut into segments: their encoders make the packets and the headers.
-                headers_later=len(self._segments()) > 1
-                and plan.codec.choice.encoder in SHARED_HEADERS,
+                headers_later=len(self._segments()) > 1,
             )
         except BaseException:
             if memfd is not None:

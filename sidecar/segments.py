@@ -39,12 +39,11 @@ MIN_SEGMENT_FRAMES = 60
 DEFAULT_KEYINT = 250  # x264's and x265's keyint when nothing sets it
 THREADS_PER_SEGMENT = 4  # frame threads per segment encoder; x264 scales well to this
 MAX_SEGMENTS = 8
-SEGMENTABLE = ("libx264", "libx265")
-# Encoders whose headers do not depend on their thread count, so a video's stream may
-# take them from its first segment encoder and open none of its own. x265 writes its
-# settings, frame threads included, into its headers: its segment encoders, given other
-# shares of the cores, disagree with the stream and with each other.
-SHARED_HEADERS = ("libx264",)
+# Segments must share one set of headers. x265 writes its settings, frame threads
+# included, into its headers, so its segment encoders, each with its share of the cores,
+# never agreed with the stream's: every h265 video fell back to one pass after an x265
+# open for nothing. x264's headers do not depend on its threads.
+SEGMENTABLE = ("libx264",)
 
 
 def plan_segments(frames: int, cores: int, keyint: int) -> list[tuple[int, int]]:

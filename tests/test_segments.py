@@ -134,9 +134,9 @@ def test_a_stream_without_an_encoder_encodes_nothing(tmp_path: Path) -> None:
 
 
 def test_long_h265_videos_encode_whole(make_daemon) -> None:  # type: ignore[no-untyped-def]
-    """x265's headers differ with its thread count, so its segment encoders (11 and 5
-    threads, say) never share them: an h265 video is encoded in one pass, and its stream
-    keeps an encoder of its own for the headers. Segments of 120 and 60 frames here."""
+    """x265's headers differ with its thread count, so its segment encoders (5 and 3
+    threads here, for 120 and 60 frames) would never share them: an h265 video is not cut,
+    and is encoded in one pass."""
     video = moving_pattern(180, 96, 160, noise=2.0)
     d = make_daemon(encoder_threads=8, warm_encoders=0)
     with d.client() as c:
