@@ -30,13 +30,7 @@ from .output import FileTarget, output_error
 from .plans import EncodeOutcome, EncodePlan
 from .process_main import Answer, Assignment
 from .processes import EncoderProcesses, ProcessGone
-from .segments import (
-    SEGMENTABLE,
-    encode_segments,
-    frame_lookup,
-    keyframe_interval,
-    plan_segments,
-)
+from .segments import SEGMENTABLE, encode_segments, frame_lookup, keyframe_interval, plan_segments
 from .shm import Slab
 from .warm import EncoderKey, WarmPool, open_in_memory, opener_for
 

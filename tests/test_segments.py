@@ -17,6 +17,8 @@ from sidecar.segments import encode_segments, keyframe_interval, plan_segments, 
 
 from .helpers import decode, psnr
 
+LIMITS = Limits(1000, 4096, 4096, 1 << 34)
+
 
 def test_plan_follows_frames_cores_and_keyframes() -> None:
     # Cuts only where a single pass starts a GOP anyway: with the default interval of 250,
@@ -103,7 +105,7 @@ def test_a_stream_without_an_encoder_takes_the_segments_headers(
     first segment encoder's headers, and the file is the one a stream with its own
     encoder makes (but for the `btrt` box's peak rate, which the opened encoder left 0)."""
     video = moving_pattern(120, 96, 160, noise=2.0)
-    geometry = check_geometry(160, 96, "rgb24", Fraction(24), Limits(1000, 4096, 4096, 1 << 34))
+    geometry = check_geometry(160, 96, "rgb24", Fraction(24), LIMITS)
     codec = CodecSpec(preset=preset, gop=60).resolve()
     files = []
     for later in (False, True):
@@ -124,7 +126,7 @@ def test_a_stream_without_an_encoder_takes_the_segments_headers(
 
 
 def test_a_stream_without_an_encoder_encodes_nothing(tmp_path: Path) -> None:
-    geometry = check_geometry(160, 96, "rgb24", Fraction(24), Limits(1000, 4096, 4096, 1 << 34))
+    geometry = check_geometry(160, 96, "rgb24", Fraction(24), LIMITS)
     encoder = VideoEncoder(
         str(tmp_path / "x.mp4"), geometry, CodecSpec().resolve(), 2, headers_later=True
     )
