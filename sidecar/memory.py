@@ -14,8 +14,20 @@ four clients an idle daemon kept 107-444 MiB of RssAnon. Retention, not a leak. 
 - `trim()` (malloc_trim) gives free heap pages back to the kernel, and `trim_when_idle`
   calls it once no encode has run or started for a few seconds.
 
-With both, the same encodes leave 40-60 MiB. Both are skipped where the C library is not
-glibc (musl, macOS); an operator's MALLOC_ARENA_MAX or glibc.malloc.arena_max wins.
+With both, the same encodes leave 40-60 MiB.
+
+The opposite problem, under load: every encoder allocates its frame buffers afresh (x264
+when it opens, swscale for each converted frame), megabytes at a time. glibc maps such
+blocks, or grows the heap for them and trims it back when they are freed (its trim
+threshold follows the largest block freed, not their sum), so the next encoder's buffers
+are new pages that the kernel faults in and zeroes. On the 2-core
+machine that was 600-1200 page faults per small clip in the encoder processes, a quarter
+of their CPU. `keep_freed()` raises the mmap and trim thresholds so that freed buffers
+stay in the heap for the next encoder (a few faults per clip); `trim()` still gives them
+back once the process is idle.
+
+All of this is skipped where the C library is not glibc (musl, macOS); an operator's
+MALLOC_* variables or glibc.malloc tunables win.
 """
 
 from __future__ import annotations
@@ -30,7 +42,17 @@ from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
-M_ARENA_MAX = -8  # mallopt parameter, from glibc's malloc.h
+# mallopt parameters, from glibc's malloc.h
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+M_ARENA_MAX = -8
+MiB = 1024 * 1024
+# Blocks up to this size come from the heap: glibc's own ceiling for its sliding threshold
+# (a 4K frame is 12 MiB). Larger ones are still mapped, and unmapped when freed.
+MMAP_THRESHOLD = 32 * MiB
+# Free memory the heap's top may hold before free() gives it back: a 1344x768 encoder's
+# buffers and more. Beyond, or when idle (`trim()`), it goes back.
+TRIM_THRESHOLD = 64 * MiB
 ARENAS = 2  # at least: the main thread's arena and one for every other thread
 IDLE_S = 5.0
 
@@ -51,11 +73,29 @@ def _glibc() -> ctypes.CDLL | None:
 def limit_arenas(count: int = ARENAS) -> bool:
     """Cap glibc's malloc arenas; call before threads start. True if the cap was set."""
     libc = _glibc()
-    if libc is None or "MALLOC_ARENA_MAX" in os.environ:
-        return False
-    if "arena_max" in os.environ.get("GLIBC_TUNABLES", ""):
+    if libc is None or "MALLOC_ARENA_MAX" in os.environ or _operator_set("ARENA_MAX"):
         return False
     return bool(libc.mallopt(M_ARENA_MAX, count))
+
+
+def keep_freed(mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int = TRIM_THRESHOLD) -> bool:
+    """Keep freed blocks of up to `mmap_threshold` bytes, and up to `trim_threshold`
+    bytes of free heap, for the next allocations (see above). True if both were set."""
+    libc = _glibc()
+    if libc is None or _operator_set("MMAP_THRESHOLD", "TRIM_THRESHOLD"):
+        return False
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold)) and bool(
+        libc.mallopt(M_TRIM_THRESHOLD, trim_threshold)
+    )
+
+
+def _operator_set(*names: str) -> bool:
+    """Whether the environment sets any of these malloc parameters (MALLOC_<NAME>_ or
+    the glibc.malloc tunable)."""
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    return any(
+        f"MALLOC_{name}_" in os.environ or f"malloc.{name.lower()}" in tunables for name in names
+    )
 
 
 def trim() -> bool:

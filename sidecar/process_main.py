@@ -37,7 +37,7 @@ from .errors import Cancelled, InvalidRequest, SidecarError
 from .events import PROGRESS_INTERVAL
 from .frames import Geometry, PlacedRange, borrow_frames
 from .landing import Frames, Landing
-from .memory import limit_arenas, trim
+from .memory import keep_freed, limit_arenas, trim
 from .warm import EncoderKey, WarmEncoder, open_in_memory, warm_up
 
 IDLE_CLOSE_S = 60.0  # a ready encoder unused this long is closed, and memory returned
@@ -162,10 +162,11 @@ class Worker:
     def serve(self) -> None:
         while True:
             if not self._conn.poll(IDLE_CLOSE_S):
-                if self._warm is not None:
-                    self._discard_warm()
-                    self._converters.clear()
-                    trim()
+                had_warm = self._warm is not None
+                self._discard_warm()
+                self._converters.clear()
+                trim()  # what the encoders freed, kept for the next ones (keep_freed)
+                if had_warm:
                     with contextlib.suppress(OSError):
                         self._conn.send(Ready(None))  # no encoder ready any more
                 continue
@@ -358,6 +359,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon decides when to stop
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     limit_arenas()
+    keep_freed()  # each encoder's buffers serve the next one's; trimmed when idle
     conn = Connection(int(argv[0]))
     try:
         worker = Worker(conn, argv[1:])

@@ -225,13 +225,16 @@ def test_fused_420_kernel_matches_the_elementwise_path(dtype: str, fmt: str) -> 
     assert float((diff > 0).float().mean()) < 0.001
 
 
-def test_a_long_video_is_sent_while_its_frames_land(make_daemon, connect, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """A video of some 50 MB on the GPU: the request goes out with its frames still
-    landing, counted in the last lease, and the output is byte for byte the one of the
-    same video sent once every frame had landed."""
+@pytest.mark.parametrize("pixel_format", [None, "yuv420p"])
+def test_a_long_video_is_sent_while_its_frames_land(  # type: ignore[no-untyped-def]
+    make_daemon, connect, monkeypatch, pixel_format
+) -> None:
+    """A video of some 50-100 MB on the GPU, as RGB or converted to 4:2:0 there: the
+    request goes out with its frames still landing, counted in the last lease, and the
+    output is byte for byte the one of the same video sent once every frame had landed."""
     from client import _encode
 
-    d = make_daemon(slabs=8, slab_size="16MiB")  # 4 leases: the whole video at once
+    d = make_daemon(slabs=8, slab_size="16MiB")  # several leases: the whole video at once
 
     offsets: list[int] = []
     count_in = _encode.FramesLanding.count_in
@@ -243,10 +246,10 @@ def test_a_long_video_is_sent_while_its_frames_land(make_daemon, connect, monkey
     monkeypatch.setattr(_encode.FramesLanding, "count_in", recording)
     video = torch.from_numpy(moving_pattern(32, 768, 1344, noise=4.0)).cuda()
     with connect(d) as client:
-        landed = client.encode(video, threads=4).data
+        landed = client.encode(video, threads=4, pixel_format=pixel_format).data
         assert offsets and offsets[0] > 0
         monkeypatch.setattr(_encode, "LANDING_MIN_BYTES", 1 << 62)  # all landed first
-        whole = client.encode(video, threads=4).data
+        whole = client.encode(video, threads=4, pixel_format=pixel_format).data
     assert len(offsets) == 1
     assert landed == whole
     frames, _ = decode(landed or b"")

@@ -19,7 +19,7 @@ import pytest
 
 from client import DeadlineExceeded, ServerError
 from client.patterns import moving_pattern
-from sidecar import processes
+from sidecar import memory, processes
 from sidecar.errors import Cancelled
 from sidecar.process_main import WATCH_S, Stop, _Watch
 from sidecar.processes import EncoderProcesses
@@ -479,3 +479,36 @@ def test_long_videos_keep_room_for_their_index(make_daemon) -> None:  # type: ig
         assert index_first(data) > 4096  # the room, less the index written into it
         decoded, _ = decode(data)
         assert len(decoded) == 270 and psnr(decoded[::53], rgb[::53]) >= 35
+
+
+def page_faults(pids: list[int]) -> dict[int, int]:
+    """Minor page faults so far of each process still there."""
+    faults = {}
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        faults[pid] = int(fields[7])
+    return faults
+
+
+def test_back_to_back_clips_reuse_the_last_encoders_memory(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    """Each encoder's buffers are the last one's, kept in the heap (memory.keep_freed):
+    a clip costs its encoder process a few page faults, not the 600-1200 of new pages
+    faulted in and zeroed for every encoder and converted frame."""
+    if memory._glibc() is None:
+        pytest.skip("the thresholds are glibc's")
+    d = make_daemon(encoder_processes=3)
+    clip = moving_pattern(4, 256, 448)
+    encode_until_in_processes(d, clip)
+    requests = 30
+    with d.client() as c:
+        for _ in range(10):  # every process has served and refilled
+            c.encode(clip)
+        before = page_faults(encoder_processes(d))
+        for _ in range(requests):
+            c.encode(clip)
+        after = page_faults(list(before))
+    per_clip = sum(after[pid] - before[pid] for pid in after) / requests
+    assert per_clip < 100, per_clip
