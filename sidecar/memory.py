@@ -20,11 +20,14 @@ The opposite problem, under load: every encoder allocates its frame buffers afre
 when it opens, swscale for each converted frame), megabytes at a time. glibc maps such
 blocks, or grows the heap for them and trims it back when they are freed (its trim
 threshold follows the largest block freed, not their sum), so the next encoder's buffers
-are new pages that the kernel faults in and zeroes. On the 2-core
-machine that was 600-1200 page faults per small clip in the encoder processes, a quarter
-of their CPU. `keep_freed()` raises the mmap and trim thresholds so that freed buffers
-stay in the heap for the next encoder (a few faults per clip); `trim()` still gives them
-back once the process is idle.
+are new pages that the kernel faults in and zeroes. On the 2-core machine that was
+600-1200 page faults per small clip in the encoder processes, a fifth to a quarter of
+their CPU. `keep_freed()` raises the mmap and trim thresholds so that freed buffers stay
+in the heap for the next encoder (a few faults per clip). Encoder processes call it, with
+a single arena: `trim()` gives back the top of the main arena's heap only, so another
+arena's kept top would stay resident after the idle trim. The daemon does not: its
+in-process encodes (segments of long videos, audio, streams) spread over an arena per
+encode, and pay their faults over many frames.
 
 All of this is skipped where the C library is not glibc (musl, macOS); an operator's
 MALLOC_* variables or glibc.malloc tunables win.

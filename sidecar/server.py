@@ -81,7 +81,6 @@ class Server:
     async def serve(self) -> None:
         # Before any encoder, gRPC or codec thread starts: an arena per concurrent encode.
         memory.limit_arenas(max(memory.ARENAS, self.config.max_concurrent_encodes))
-        memory.keep_freed()  # encoders reuse freed buffers; trim_when_idle gives them back
         self.install_signal_handlers()
         await self.startup()
         sidecar = self.sidecar

@@ -74,3 +74,48 @@ def test_by_default_the_next_encoders_buffers_are_new_pages() -> None:
 )
 def test_an_operators_malloc_settings_win(env: dict[str, str]) -> None:
     assert run("from sidecar import memory; print(memory.keep_freed())", **env) == ["False"]
+
+
+# Twelve such frames allocated, touched and freed on another thread (as the converting
+# thread does), with `argv[1]` malloc arenas; then the idle trim. Prints RssAnon in KiB
+# before and after it.
+IDLE = """
+import ctypes, sys, threading
+from sidecar import memory
+memory.limit_arenas(int(sys.argv[1]))
+memory.keep_freed()
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+size = 1344 * 768 * 3 // 2
+def encoder():
+    blocks = [libc.malloc(size) for _ in range(12)]
+    for block in blocks:
+        ctypes.memset(block, 1, size)
+    for block in blocks:
+        libc.free(block)
+def rss_anon():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1])
+worker = threading.Thread(target=encoder)
+worker.start()
+worker.join()
+before = rss_anon()
+memory.trim()
+print(before, rss_anon())
+"""
+
+
+def test_an_idle_encoder_process_gives_the_kept_buffers_back() -> None:
+    """With one arena, as encoder processes run, the idle trim returns what keep_freed
+    kept, though another thread freed it."""
+    before, after = map(int, run(IDLE, "1"))
+    assert before - after > 12 * 1024, (before, after)  # of 18 MiB
+
+
+def test_with_a_second_arena_its_kept_top_would_stay() -> None:
+    """Why one: malloc_trim trims the top of the main arena's heap only."""
+    before, after = map(int, run(IDLE, "2"))
+    assert before - after < 4 * 1024, (before, after)
