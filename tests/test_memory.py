@@ -13,13 +13,10 @@ from sidecar import memory
 
 pytestmark = pytest.mark.skipif(memory._glibc() is None, reason="glibc's malloc only")
 
-# Allocates, touches and frees twelve 4:2:0 frames of 1344x768 (an encoder's buffers) a
-# few times, then prints the page faults of one more round: with `keep` after
-# keep_freed().
-REUSE = """
-import ctypes, resource, sys
+# An encoder's buffers: twelve 4:2:0 frames of 1344x768, allocated, touched and freed.
+ENCODER = """
+import ctypes, sys
 from sidecar import memory
-kept = memory.keep_freed() if sys.argv[1] == "keep" else None
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
 libc.malloc.argtypes = [ctypes.c_size_t]
@@ -31,12 +28,42 @@ def encoder():
         ctypes.memset(block, 1, size)
     for block in blocks:
         libc.free(block)
+"""
+
+# A few encoders, then the page faults of one more: with `keep` after keep_freed().
+REUSE = (
+    ENCODER
+    + """
+import resource
+kept = memory.keep_freed() if sys.argv[1] == "keep" else None
 for _ in range(3):
     encoder()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 encoder()
 print(kept, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
+)
+
+# One encoder on another thread (as the converting thread allocates), with `argv[1]`
+# malloc arenas; then the idle trim. RssAnon in KiB before and after it.
+IDLE = (
+    ENCODER
+    + """
+import threading
+memory.limit_arenas(int(sys.argv[1]))
+memory.keep_freed()
+def rss_anon():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1])
+worker = threading.Thread(target=encoder)
+worker.start()
+worker.join()
+before = rss_anon()
+memory.trim()
+print(before, rss_anon())
+"""
+)
 
 
 def run(code: str, *args: str, **env: str) -> list[str]:
@@ -74,38 +101,6 @@ def test_by_default_the_next_encoders_buffers_are_new_pages() -> None:
 )
 def test_an_operators_malloc_settings_win(env: dict[str, str]) -> None:
     assert run("from sidecar import memory; print(memory.keep_freed())", **env) == ["False"]
-
-
-# Twelve such frames allocated, touched and freed on another thread (as the converting
-# thread does), with `argv[1]` malloc arenas; then the idle trim. Prints RssAnon in KiB
-# before and after it.
-IDLE = """
-import ctypes, sys, threading
-from sidecar import memory
-memory.limit_arenas(int(sys.argv[1]))
-memory.keep_freed()
-libc = ctypes.CDLL(None)
-libc.malloc.restype = ctypes.c_void_p
-libc.malloc.argtypes = [ctypes.c_size_t]
-libc.free.argtypes = [ctypes.c_void_p]
-size = 1344 * 768 * 3 // 2
-def encoder():
-    blocks = [libc.malloc(size) for _ in range(12)]
-    for block in blocks:
-        ctypes.memset(block, 1, size)
-    for block in blocks:
-        libc.free(block)
-def rss_anon():
-    for line in open("/proc/self/status"):
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1])
-worker = threading.Thread(target=encoder)
-worker.start()
-worker.join()
-before = rss_anon()
-memory.trim()
-print(before, rss_anon())
-"""
 
 
 def test_an_idle_encoder_process_gives_the_kept_buffers_back() -> None:
