@@ -24,8 +24,9 @@ are new pages that the kernel faults in and zeroes. On the 2-core machine that w
 600-1200 page faults per small clip in the encoder processes, a fifth to a quarter of
 their CPU. `keep_freed()` raises the mmap and trim thresholds so that freed buffers stay
 in the heap for the next encoder (a few faults per clip). Encoder processes call it, with
-a single arena: `trim()` gives back the top of the main arena's heap only, so another
-arena's kept top would stay resident after the idle trim. The daemon does not: its
+a single arena, and not at all where an operator set the arenas: `trim()` gives back the
+top of the main arena's heap only, so another arena's kept top would stay resident after
+the idle trim. The daemon does not: its
 in-process encodes (segments of long videos, audio, streams) spread over an arena per
 encode, and pay their faults over many frames.
 

@@ -358,11 +358,12 @@ def _map(path: str) -> np.ndarray:
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon decides when to stop
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    # One arena: malloc_trim gives back the top of the main arena's heap only, and with
-    # keep_freed another arena's top would stay resident after the idle trim. Few threads
-    # here allocate (the feeding thread, the converting one, x264's at its open).
-    limit_arenas(1)
-    keep_freed()  # each encoder's buffers serve the next one's; trimmed when idle
+    # Each encoder's buffers serve the next one's (keep_freed), trimmed when idle. With
+    # one arena only: malloc_trim gives back the top of the main arena's heap alone, and
+    # another arena's kept top would stay resident. Few threads here allocate (the
+    # feeding thread, the converting one, x264's at its open).
+    if limit_arenas(1):
+        keep_freed()
     conn = Connection(int(argv[0]))
     try:
         worker = Worker(conn, argv[1:])
