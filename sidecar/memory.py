@@ -26,9 +26,8 @@ their CPU. `keep_freed()` raises the mmap and trim thresholds so that freed buff
 in the heap for the next encoder (a few faults per clip). Encoder processes call it, with
 a single arena, and not at all where an operator set the arenas: `trim()` gives back the
 top of the main arena's heap only, so another arena's kept top would stay resident after
-the idle trim. The daemon does not: its
-in-process encodes (segments of long videos, audio, streams) spread over an arena per
-encode, and pay their faults over many frames.
+the idle trim. The daemon does not: its in-process encodes (segments of long videos,
+audio, streams) spread over an arena per encode, and pay their faults over many frames.
 
 All of this is skipped where the C library is not glibc (musl, macOS); an operator's
 MALLOC_* variables or glibc.malloc tunables win.
@@ -57,6 +56,13 @@ MMAP_THRESHOLD = 32 * MiB
 # Free memory the heap's top may hold before free() gives it back: a 1344x768 encoder's
 # buffers and more. Beyond, or when idle (`trim()`), it goes back.
 TRIM_THRESHOLD = 64 * MiB
+# How an operator sets each parameter: glibc's environment variable (MALLOC_ARENA_MAX has
+# no trailing underscore), or glibc.malloc.<name> in GLIBC_TUNABLES.
+OPERATOR_VARIABLES = {
+    "arena_max": "MALLOC_ARENA_MAX",
+    "mmap_threshold": "MALLOC_MMAP_THRESHOLD_",
+    "trim_threshold": "MALLOC_TRIM_THRESHOLD_",
+}
 ARENAS = 2  # at least: the main thread's arena and one for every other thread
 IDLE_S = 5.0
 
@@ -77,29 +83,26 @@ def _glibc() -> ctypes.CDLL | None:
 def limit_arenas(count: int = ARENAS) -> bool:
     """Cap glibc's malloc arenas; call before threads start. True if the cap was set."""
     libc = _glibc()
-    if libc is None or "MALLOC_ARENA_MAX" in os.environ or _operator_set("ARENA_MAX"):
+    if libc is None or _operator_set("arena_max"):
         return False
     return bool(libc.mallopt(M_ARENA_MAX, count))
 
 
-def keep_freed(mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int = TRIM_THRESHOLD) -> bool:
-    """Keep freed blocks of up to `mmap_threshold` bytes, and up to `trim_threshold`
+def keep_freed() -> bool:
+    """Keep freed blocks of up to `MMAP_THRESHOLD` bytes, and up to `TRIM_THRESHOLD`
     bytes of free heap, for the next allocations (see above). True if both were set."""
     libc = _glibc()
-    if libc is None or _operator_set("MMAP_THRESHOLD", "TRIM_THRESHOLD"):
+    if libc is None or _operator_set("mmap_threshold", "trim_threshold"):
         return False
-    return bool(libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold)) and bool(
-        libc.mallopt(M_TRIM_THRESHOLD, trim_threshold)
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
+        libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
     )
 
 
 def _operator_set(*names: str) -> bool:
-    """Whether the environment sets any of these malloc parameters (MALLOC_<NAME>_ or
-    the glibc.malloc tunable)."""
+    """Whether the environment sets any of these malloc parameters (`OPERATOR_VARIABLES`)."""
     tunables = os.environ.get("GLIBC_TUNABLES", "")
-    return any(
-        f"MALLOC_{name}_" in os.environ or f"malloc.{name.lower()}" in tunables for name in names
-    )
+    return any(OPERATOR_VARIABLES[n] in os.environ or f"malloc.{n}" in tunables for n in names)
 
 
 def trim() -> bool:
