@@ -26,3 +26,20 @@ def test_ci_runs_the_readme_test_command() -> None:
     demo, tests = commands
     assert "video-sidecar demo" in demo
     assert tests in CI
+
+
+def _expanded(pattern: str) -> list[str]:
+    """`a-{x,y}.json` as the names it stands for."""
+    match = re.search(r"\{([^{}]*)\}", pattern)
+    if match is None:
+        return [pattern]
+    head, tail = pattern[: match.start()], pattern[match.end() :]
+    return [n for part in match[1].split(",") for n in _expanded(head + part + tail)]
+
+
+def test_every_recorded_result_the_readme_names_exists() -> None:
+    root = Path(__file__).resolve().parent.parent
+    named = re.findall(r"`(bench/results/[^`\s]+)`", README)
+    assert named, "the README points at its recorded results"
+    missing = [n for p in named for n in _expanded(p) if not any(root.glob(n))]
+    assert not missing, missing
