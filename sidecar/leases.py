@@ -7,6 +7,11 @@ encoder threads. A lease is
               client has made no call for the TTL (every call renews its leases)
     ENCODING  handed to an encode; never expires, freed as soon as its frames are consumed
 
+A client may release a lease an encode holds: it is freed when the encode lets go of it,
+even where the encode would have given it back (its frames still landing when it ended).
+A client whose copy failed after its request went out releases its leases at once, and
+need not wait to see them come back.
+
 Lease ids are 128-bit random. A lease is visible only to the client token that took it:
 to anyone else it does not exist.
 """
@@ -33,6 +38,7 @@ class Lease:
     expires_at: float
     encoding: bool = False
     spare: bool = False  # granted with a result for the client's next request
+    released: bool = False  # released by its client while an encode held it
 
 
 @dataclass(frozen=True)
@@ -114,11 +120,12 @@ class LeaseTable:
             return self._get(owner, lease_id)
 
     def release(self, owner: str, lease_id: str) -> None:
-        """Give back a lease that has not been handed to an encode."""
+        """Give back a lease; one an encode holds is freed when the encode lets go."""
         with self._lock:
             lease = self._get(owner, lease_id)
             if lease.encoding:
-                raise LeaseBusy(f"lease {lease_id} is in use by an encode; it frees itself")
+                lease.released = True
+                return
             self._drop(lease)
         self._notify()
 
@@ -135,12 +142,22 @@ class LeaseTable:
         return leases
 
     def untake(self, leases: Sequence[Lease]) -> None:
-        """Give leases back to their client after an encode failed before reading them."""
+        """Give leases back to their client after an encode failed before reading them
+        (or ended with frames still landing); those the client released meanwhile are
+        freed instead."""
+        freed = False
         with self._lock:
             for lease in leases:
-                if self._leases.get(lease.id) is lease:
+                if self._leases.get(lease.id) is not lease:
+                    continue
+                if lease.released:
+                    self._drop(lease)
+                    freed = True
+                else:
                     lease.encoding = False
                     lease.expires_at = self._clock() + self.ttl
+        if freed:
+            self._notify()
 
     def free(self, leases: Sequence[Lease]) -> None:
         """Return leases to the pool once their frames are consumed. Idempotent."""

@@ -261,3 +261,101 @@ def test_where_a_count_may_lie(offset: int, frames_end: int, size: int, why: str
     check_place(8, 8, 12)  # right after the frames, the lease's last 4 bytes
     with pytest.raises(InvalidRequest, match=why):
         check_place(offset, frames_end, size)
+
+
+LONG = moving_pattern(24, 192, 256)  # 7 frames a 1 MiB slab: four leases
+
+
+class LandsLater:
+    """A host video that stands in for a GPU's: its copies are taken to run on until
+    `land`, as a CUDA video's do. Records when each copy is queued."""
+
+    lands_later = True
+
+    def __init__(self, inner: Any, events: list[str], fail_at: int | None = None) -> None:
+        self._inner = inner
+        self._events = events
+        self._fail_at = fail_at
+        self.frames, self.width, self.height = inner.frames, inner.width, inner.height
+        self.pixel_format, self.frame_bytes = inner.pixel_format, inner.frame_bytes
+
+    def copy_into(self, region: np.ndarray, start: int, count: int) -> None:
+        if start == self._fail_at:
+            raise RuntimeError("the copy failed")
+        self._events.append("copy")
+        self._inner.copy_into(region, start, count)
+
+    def finish(self) -> None:
+        self._events.append("finish")
+
+    def land(self, count: Any) -> None:
+        self.finish()
+        count(self.frames)
+
+
+@pytest.fixture
+def lands_later(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Every video becomes a `LandsLater`, and counts as long enough to land; returns
+    (events, a setter for the frame whose copy fails)."""
+    from client import _core, _encode, _framed
+
+    events: list[str] = []
+    failing: dict[str, int | None] = {"at": None}
+    prepare, frame = _core.ClientCore.prepare, _framed._frame
+
+    def late(self: Any, video: Any, fmt: Any, *args: Any, **kwargs: Any) -> LandsLater:
+        return LandsLater(prepare(self, video, fmt, *args, **kwargs), events, failing["at"])
+
+    def framed(request: Any) -> bytes:
+        if isinstance(request, pb.EncodeRequest):
+            events.append("sent")
+        return frame(request)
+
+    monkeypatch.setattr(_core.ClientCore, "prepare", late)
+    monkeypatch.setattr(_framed, "_frame", framed)
+    monkeypatch.setattr(_encode, "LANDING_MIN_BYTES", 0)
+    return events, lambda at: failing.update(at=at)
+
+
+def test_a_landing_request_goes_before_its_copies_are_queued(  # type: ignore[no-untyped-def]
+    make_daemon, connect, lands_later
+) -> None:
+    """The daemon checks the request while the copies are queued: the request is sent
+    as soon as its leases are granted, every copy after it, and the output is the one
+    of the same frames sent once copied."""
+    events, _ = lands_later
+    d = make_daemon(slabs=8, slab_size="1MiB")
+    with connect(d) as c:
+        landed = c.encode(LONG, fps=24).data
+        assert events[0] == "sent" and events.count("copy") == 4, events
+        assert events.index("finish") > events.index("copy")
+        events.clear()
+        with pytest.MonkeyPatch.context() as undo:
+            from client import _encode
+
+            undo.setattr(_encode, "LANDING_MIN_BYTES", 1 << 62)  # copied, then sent
+            whole = c.encode(LONG, fps=24).data
+        assert events.index("sent") > events.index("copy"), events
+        assert landed == whole
+
+
+def test_a_copy_that_fails_after_the_request_went_loses_no_lease(  # type: ignore[no-untyped-def]
+    make_daemon, connect, lands_later
+) -> None:
+    """The third lease's copy raises once the request is with the daemon: the caller gets
+    that error, the daemon stops the encode, every lease comes back to the pool, and the
+    next encode is served."""
+    events, fail_at = lands_later
+    d = make_daemon(slabs=8, slab_size="1MiB")
+    with connect(d) as c:
+        fail_at(14)
+        with pytest.raises(RuntimeError, match="the copy failed"):
+            c.encode(LONG, fps=24)
+        assert events == ["sent", "copy", "copy", "finish"], events  # waited, then released
+        deadline = time.monotonic() + 10
+        while c.status().pool["active_leases"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert c.status().pool["active_leases"] == 0
+        fail_at(None)
+        frames, _ = decode(c.encode(LONG, fps=24).data)
+        assert len(frames) == len(LONG)

@@ -71,8 +71,24 @@ def test_take_is_all_or_nothing() -> None:
     assert taken == [a] and a.encoding
     with pytest.raises(LeaseBusy):
         t.take("c", [a.id])
-    with pytest.raises(LeaseBusy):
-        t.release("c", a.id)
+
+
+def test_a_lease_released_while_an_encode_holds_it_is_freed_when_the_encode_lets_go() -> None:
+    """Consumed or given back, a lease its client released is freed; one it did not
+    release comes back to it with a fresh TTL."""
+    t = table()
+    consumed, given_back, kept = (t.grant("c", 4096) for _ in range(3))
+    assert consumed is not None and given_back is not None and kept is not None
+    t.take("c", [consumed.id, given_back.id, kept.id])
+    t.release("c", consumed.id)
+    t.release("c", given_back.id)
+    assert len(t) == 3  # the encode still reads them
+    t.free([consumed])
+    t.untake([given_back, kept])
+    assert len(t) == 1 and t.lookup("c", kept.id) is kept and not kept.encoding
+    with pytest.raises(LeaseNotFound):
+        t.release("c", given_back.id)
+    assert t.usage().leased_bytes == kept.size
 
 
 def test_expiry_skips_leases_in_an_encode() -> None:

@@ -97,7 +97,8 @@ class VideoSidecarServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Release(self, request, context):
-        """Release gives a lease back before it was handed to an encode.
+        """Release gives a lease back. One an encode holds is freed when the encode lets go of
+        it, even where the encode would have given it back to the client.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
