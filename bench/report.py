@@ -19,7 +19,9 @@ def _machine_line(m: dict[str, Any]) -> str:
     if "description" in m and "cores" not in m:
         return f"Machine: {m['description']}  "
     return (
-        f"Machine: {m.get('cores', '?')} cores, {m.get('cpu', '?')}"
+        f"Machine: {m.get('cores', '?')} cores"
+        + (f" ({m['threads_per_core']} threads a core)" if m.get("threads_per_core", 1) > 1 else "")
+        + f", {m.get('cpu', '?')}"
         + (f", {m['gpu']}" if m.get("gpu") else "")
         + f"; Python {m.get('python', '?')}, PyAV {m.get('av', '?')}"
         + (f", torch {m['torch']}" if m.get("torch") else "")

@@ -25,6 +25,7 @@ def test_the_floor_times_upstream_and_x264_alone_side_by_side(
     assert rows[1]["extra"]["output_bytes"] > 0
     meta = json.loads(out.read_text())["meta"]
     assert meta["command"].startswith("python -m bench.floor --shapes 96x64x3")
+    assert meta["machine"]["threads_per_core"] >= 1  # what "cores" are made of
     assert "| noisy | 96x64x3 | x264_alone |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="--content"):
         floor.main(["--content", "grainy"])
