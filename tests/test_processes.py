@@ -508,16 +508,21 @@ def test_back_to_back_clips_reuse_the_last_encoders_memory(  # type: ignore[no-u
     d = make_daemon(encoder_processes=3)
     clip = moving_pattern(4, 256, 448)
     encode_until_in_processes(d, clip)
-    requests = 30
+    requests = 10
+    rounds = []
     with d.client() as c:
-        for _ in range(10):  # every process has served and refilled
+        for _ in range(10):  # the processes have served and refilled
             c.encode(clip)
-        before = page_faults(encoder_processes(d))
-        for _ in range(requests):
-            c.encode(clip)
-        after = page_faults(list(before))
-    per_clip = sum(after[pid] - before[pid] for pid in after) / requests
+        # A process's first clips fault its heap in: a process that had only opened an
+        # encoder may take its first clip in any round (2000-3700 faults in one round of
+        # six runs in ten). The quietest of three rounds is the steady state.
+        for _ in range(3):
+            before = page_faults(encoder_processes(d))
+            for _ in range(requests):
+                c.encode(clip)
+            after = page_faults(list(before))
+            rounds.append(sum(after[pid] - before[pid] for pid in after) / requests)
     if operator_arenas is None:
-        assert per_clip < 100, per_clip
+        assert min(rounds) < 100, rounds
     else:
-        assert per_clip > 300, per_clip
+        assert min(rounds) > 300, rounds
