@@ -514,8 +514,8 @@ def test_back_to_back_clips_reuse_the_last_encoders_memory(  # type: ignore[no-u
         for _ in range(10):  # the processes have served and refilled
             c.encode(clip)
         # A process's first clips fault its heap in: a process that had only opened an
-        # encoder may take its first clip in any round (2000-3700 faults in one round of
-        # six runs in ten). The quietest of three rounds is the steady state.
+        # encoder may take its first clip in any round (2069-3686 faults over 30 clips
+        # in four runs of six). The quietest of three rounds is the steady state.
         for _ in range(3):
             before = page_faults(encoder_processes(d))
             for _ in range(requests):
