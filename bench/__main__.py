@@ -97,6 +97,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="throughput: concurrent clients; node: client threads per worker",
     )
     p.add_argument("--requests", type=int, default=3, help="throughput, node: requests per client")
+    p.add_argument(
+        "--idle",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="node: then let the daemon idle this long and record its memory (RssAnon of "
+        "the daemon and its encoder processes, sampled every 5 s)",
+    )
     p.add_argument("--throughput-shape", default="1344x768x122", help="throughput, node: WxHxT")
     p.add_argument("--stream-shape", default="1344x768x362")
     p.add_argument("--chunk", type=int, default=24, help="stream: frames per chunk")
@@ -130,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--content: a comma list of {', '.join(CONTENTS)}")
     if args.concurrency < 1 or args.workers < 0 or args.clients < 1 or args.requests < 1:
         raise SystemExit("--concurrency, --clients, --requests: 1 or more; --workers: 0 or more")
+    if args.idle < 0 or (args.idle and "node" not in wanted):
+        raise SystemExit("--idle: seconds, 0 or more, with --suite node")
     sidecar_options: dict[str, Any] = {}
     daemon_options: dict[str, Any] = {}
     if args.max_concurrent_encodes:
@@ -166,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
                 args.samples or None, content), content)  # fmt: skip
     if "node" in wanted:
         add("node", node.node(args.device, args.workers, args.clients, args.requests,
-            args.throughput_shape, contents, sidecar_options, daemon_options))  # fmt: skip
+            args.throughput_shape, contents, sidecar_options, daemon_options,
+            args.idle))  # fmt: skip
     if "memory" in wanted:
         add("memory", suites.memory())
     meta = {

@@ -133,9 +133,11 @@ def node(
     contents: list[str],
     sidecar_options: dict[str, Any],
     daemon_options: dict[str, Any] | None = None,
+    idle_s: float = 0.0,
 ) -> list[Row]:
-    """Aggregate frames/s of the node, with one worker and with all of them."""
-    from .suites import daemon, pool_for
+    """Aggregate frames/s of the node, with one worker and with all of them; with
+    `idle_s`, then the daemon's memory after that long idle (`suites.TreeMemory`)."""
+    from .suites import TreeMemory, daemon, pool_for
 
     workers, gpus = worker_count(device_kind, workers)
     w, h, t = parse_shape(shape)
@@ -149,6 +151,7 @@ def node(
 
         with SidecarClient(d.socket) as probe:
             limit = probe.status().max_concurrent_encodes
+        memory = TreeMemory(d.pid).start()
         for content in contents:
             base: dict[str, float] = {}
             for n in dict.fromkeys([1, workers]):
@@ -173,6 +176,8 @@ def node(
                            if n > 1 else ""),
                         flush=True,
                     )  # fmt: skip
+        if idle_s > 0:
+            rows.append(memory.after_load(idle_s))
     return rows
 
 

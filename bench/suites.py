@@ -592,4 +592,85 @@ def memory() -> list[Row]:
     return [row]
 
 
+def rss_anon_kib(pid: int) -> int:
+    """RssAnon of `pid` in KiB (0 once it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def children(pid: int) -> list[int]:
+    """The live child processes of `pid`: for the daemon, its encoder processes."""
+    kids: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                kids += [int(k) for k in (task / "children").read_text().split()]
+    return sorted(set(kids))
+
+
+def tree_rss_anon(pid: int) -> dict[str, Any]:
+    """MiB of RssAnon: the daemon's, its processes' in all, and how many processes."""
+    kids = children(pid)
+    own, theirs = rss_anon_kib(pid), sum(rss_anon_kib(k) for k in kids)
+    return {
+        "daemon_mib": round(own / 1024, 1),
+        "processes": len(kids),
+        "total_mib": round((own + theirs) / 1024, 1),
+    }
+
+
+class TreeMemory:
+    """Samples `tree_rss_anon` every `every` seconds in a thread, from `start()` on;
+    `after_load()` then lets the daemon idle and reports how its memory came back."""
+
+    def __init__(self, pid: int, every: float = 1.0) -> None:
+        self.pid, self.every = pid, every
+        self.samples: list[tuple[float, dict[str, Any]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-memory", daemon=True)
+        self._t0 = time.monotonic()
+
+    def start(self) -> TreeMemory:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.monotonic() - self._t0, tree_rss_anon(self.pid)))
+            self._stop.wait(self.every)
+
+    def after_load(self, idle_s: float, every: float = 5.0) -> Row:
+        """Stop sampling the load, idle `idle_s` seconds sampling every `every`, and
+        return a row: MiB of RssAnon (daemon and encoder processes) at the end of the
+        idle, with the peak under load and the idle samples in its details."""
+        self._stop.set()
+        self._thread.join()
+        peak = max((s for _, s in self.samples), key=lambda s: s["total_mib"], default={})
+        idle: list[dict[str, Any]] = []
+        t0 = time.monotonic()
+        while True:
+            waited = time.monotonic() - t0
+            idle.append({"idle_s": round(waited, 1), **tree_rss_anon(self.pid)})
+            print(f"  memory after {waited:5.1f} s idle: {idle[-1]}", flush=True)
+            if waited >= idle_s:
+                break
+            time.sleep(min(every, idle_s - waited))
+        row = summarise("rss_anon_after_load_mib", "-", [idle[-1]["total_mib"]])
+        row.suite = "memory"
+        row.extra = {
+            "idle_s": idle_s,
+            "daemon_mib": idle[-1]["daemon_mib"],
+            "processes": idle[-1]["processes"],
+            "peak_under_load": peak,
+            "end_of_load": idle[0],
+            "idle": idle,
+        }
+        return row
+
+
 ALL_SHAPES = SHAPES

@@ -37,6 +37,7 @@ from .config_values import (
     parse_size,
     read_toml,
 )
+from .memory import RELEASE_S
 
 
 def _opt(
@@ -136,6 +137,15 @@ class Config:
             parse_int,
             "N",
             shown=f"the cores, 3 to 16; 0 on one core: {default_encoder_processes()} here",
+        ),
+    )
+    idle_release: float = field(
+        default=RELEASE_S,
+        metadata=_opt(
+            "seconds without an encode after which ready encoders close, encoder processes "
+            "beyond the first three stop, and their memory goes back",
+            parse_float,
+            "SECONDS",
         ),
     )
     lease_ttl: float = field(

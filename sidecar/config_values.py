@@ -146,6 +146,8 @@ def config_problems(c: Any) -> list[str]:
         problems.append("slab_size must be at least 1MiB")
     if c.max_concurrent_encodes < 1:
         problems.append("max_concurrent_encodes must be at least 1")
+    if c.idle_release <= 0:
+        problems.append("idle_release must be positive")
     if c.lease_ttl <= 0 or c.max_lease_wait < 0 or c.shutdown_grace < 0:
         problems.append("lease_ttl must be positive; max_lease_wait, shutdown_grace >= 0")
     if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", c.shm_prefix):

@@ -12,7 +12,9 @@ four clients an idle daemon kept 107-444 MiB of RssAnon. Retention, not a leak. 
 - `limit_arenas()` caps the arenas (M_ARENA_MAX) before the threads start, so freed
   memory is reused across threads instead of parked in one arena per thread;
 - `trim()` (malloc_trim) gives free heap pages back to the kernel, and `trim_when_idle`
-  calls it once no encode has run or started for a few seconds.
+  calls it once no encode has run or started for a few seconds; after `RELEASE_S` idle
+  the ready encoders are closed too (in the daemon and in each encoder process), and
+  trimmed, so a daemon idle for a minute holds no encoder's memory.
 
 With both, the same encodes leave 40-60 MiB.
 
@@ -64,7 +66,10 @@ OPERATOR_VARIABLES = {
     "trim_threshold": "MALLOC_TRIM_THRESHOLD_",
 }
 ARENAS = 2  # at least: the main thread's arena and one for every other thread
-IDLE_S = 5.0
+IDLE_S = 5.0  # idle this long, free heap goes back
+# Idle this long, ready encoders are closed and their memory goes back: a server that
+# pauses for half a minute pays one encoder open (3-5 ms) on its next request.
+RELEASE_S = 30.0
 
 
 @functools.cache
@@ -112,24 +117,35 @@ def trim() -> bool:
 
 
 async def trim_when_idle(
-    busy: Callable[[], bool], started: Callable[[], int], idle_s: float = IDLE_S
+    busy: Callable[[], bool],
+    started: Callable[[], int],
+    idle_s: float = IDLE_S,
+    release: Callable[[], int] | None = None,
+    release_s: float = RELEASE_S,
 ) -> None:
     """Trim once whenever no encode has run (`busy()` false) nor started (`started()`, a
-    count, unchanged) for `idle_s` seconds. Runs until cancelled; returns at once without
-    glibc. The trim runs on the loop: milliseconds (10 ms after 70 MiB of 1080p encodes),
-    at a moment nothing else is encoding."""
-    if _glibc() is None:
-        return
+    count, unchanged) for `idle_s` seconds; after `release_s`, call `release()` (closes
+    what is kept ready, returns how many) and trim again if it closed any. Runs until
+    cancelled. The trim runs on the loop: milliseconds (10 ms after 70 MiB of 1080p
+    encodes), at a moment nothing else is encoding; without glibc only `release` runs."""
     loop = asyncio.get_running_loop()
-    count, since, trimmed = started(), loop.time(), True  # nothing to trim at start
+    count, since = started(), loop.time()
+    trimmed, released = True, release is None  # nothing to give back at start
     while True:
         await asyncio.sleep(1.0)
         now = loop.time()
         if busy() or started() != count:
-            count, since, trimmed = started(), now, False
-        elif not trimmed and now - since >= idle_s:
-            t0 = time.perf_counter()
-            released = trim()
-            ms = (time.perf_counter() - t0) * 1e3
-            log.debug("malloc_trim released=%s in %.1f ms", released, ms)
+            count, since = started(), now
+            trimmed, released = False, release is None
+            continue
+        if not released and release is not None and now - since >= release_s:
+            released = True
+            if release():
+                trimmed = False
+        if not trimmed and now - since >= idle_s:
             trimmed = True
+            if _glibc() is not None:
+                t0 = time.perf_counter()
+                freed = trim()
+                ms = (time.perf_counter() - t0) * 1e3
+                log.debug("malloc_trim released=%s in %.1f ms", freed, ms)

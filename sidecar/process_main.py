@@ -1,6 +1,6 @@
 """An encoder process: encodes videos from the daemon's slabs, one at a time.
 
-Started by `processes.EncoderProcesses` as `python -m sidecar.process_main FD SLAB...`,
+Started by `processes.EncoderProcesses` as `python -m sidecar.process_main FD IDLE SLAB...`,
 in its own session (a terminal's Ctrl-C is the daemon's to handle), with one end of a
 socket pair as FD. It maps the slabs once, then serves jobs: an `Assignment` in, an
 `Answer` out, with `Progress` between them on a long encode and a `Stop` from the daemon
@@ -37,10 +37,9 @@ from .errors import Cancelled, InvalidRequest, SidecarError
 from .events import PROGRESS_INTERVAL
 from .frames import Geometry, PlacedRange, borrow_frames
 from .landing import Frames, Landing
-from .memory import keep_freed, limit_arenas, trim
+from .memory import RELEASE_S, keep_freed, limit_arenas, trim
 from .warm import EncoderKey, WarmEncoder, open_in_memory, warm_up
 
-IDLE_CLOSE_S = 60.0  # a ready encoder unused this long is closed, and memory returned
 # Larger outputs are handed over as a descriptor: pickling a 2.9 MB output through the
 # socket and back took 3-5 ms on the H200 host, handing over its memfd 0.3 ms.
 INLINE_ANSWER_BYTES = 256 * 1024
@@ -148,8 +147,9 @@ class Ready:
 
 
 class Worker:
-    def __init__(self, conn: Connection, slab_paths: list[str]) -> None:
+    def __init__(self, conn: Connection, slab_paths: list[str], idle_s: float = RELEASE_S) -> None:
         self._conn = conn
+        self._idle_s = idle_s  # idle this long, the ready encoder closes and memory goes back
         self._slabs = [_map(path) for path in slab_paths]
         self._warm: tuple[EncoderKey, WarmEncoder] | None = None
         self._used: list[WarmEncoder] = []  # freed once the answer is sent
@@ -161,7 +161,7 @@ class Worker:
 
     def serve(self) -> None:
         while True:
-            if not self._conn.poll(IDLE_CLOSE_S):
+            if not self._conn.poll(self._idle_s):
                 had_warm = self._warm is not None
                 self._discard_warm()
                 self._converters.clear()
@@ -366,7 +366,7 @@ def main(argv: list[str]) -> int:
         keep_freed()
     conn = Connection(int(argv[0]))
     try:
-        worker = Worker(conn, argv[1:])
+        worker = Worker(conn, argv[2:], float(argv[1]))
     except OSError as exc:  # the daemon sees the connection close and stops using us
         print(f"video-sidecar encoder process: cannot map the slabs: {exc}", file=sys.stderr)
         return 1

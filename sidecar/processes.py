@@ -16,8 +16,9 @@ Three processes start with the daemon and stay: a clip of a few small frames enc
 faster than an encoder opens, so with two, back-to-back requests would wait for the other
 one's open. More start on demand, in the background, one for every request that found
 all of them busy (about 0.3 s each; requests meanwhile encode in the daemon), up to
-`limit`; those stop after `IDLE_EXIT_S` without work, and the three close their encoders
-after a minute idle, so an idle daemon gives the memory back. A process that dies costs no
+`limit`; those stop after `idle_s` without work (`--idle-release`, 30 s), and the three
+close their encoders and trim their heaps after as long, so an idle daemon gives the memory
+back. A process that dies costs no
 request: its frames are still in the leases and another process takes them (a second
 death fails the request).
 """
@@ -40,12 +41,12 @@ from multiprocessing.reduction import recv_handle
 from pathlib import Path
 
 from .errors import EncodeFailed
+from .memory import RELEASE_S
 from .process_main import Answer, Assignment, Prepare, Progress, Ready, Stop
 from .warm import EncoderKey
 
 log = logging.getLogger(__name__)
 
-IDLE_EXIT_S = 30.0  # a process without work this long is stopped, beyond the first KEEP
 KEEP = 3  # started with the daemon and kept
 MAINTAIN_S = 1.0  # how often the pool looks for idle processes to stop
 STOP_WAIT_S = 2.0
@@ -61,14 +62,15 @@ class EncoderProcess:
     """The daemon's end of one encoder process. Not thread-safe: the pool hands each to
     one job at a time."""
 
-    def __init__(self, slab_paths: list[str]) -> None:
+    def __init__(self, slab_paths: list[str], idle_s: float = RELEASE_S) -> None:
         ours, theirs = socket.socketpair()
         package_root = str(Path(__file__).resolve().parent.parent)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        argv = [sys.executable, "-m", "sidecar.process_main", str(theirs.fileno()), str(idle_s)]
         try:
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", "sidecar.process_main", str(theirs.fileno()), *slab_paths],
+                [*argv, *slab_paths],
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -231,10 +233,12 @@ def _prepare_another(
 
 
 class EncoderProcesses:
-    """Up to `limit` encoder processes, started when requests need them."""
+    """Up to `limit` encoder processes, started when requests need them; beyond the
+    first `KEEP`, each stops after `idle_s` without work."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, idle_s: float = RELEASE_S) -> None:
         self.limit = limit
+        self.idle_s = idle_s
         self._slab_paths: list[str] = []
         self._procs: list[EncoderProcess] = []
         self._wanted = 0  # processes the traffic asks for
@@ -334,7 +338,7 @@ class EncoderProcesses:
             if len(self._procs) >= self._wanted:
                 return False
         try:
-            proc = EncoderProcess(self._slab_paths)
+            proc = EncoderProcess(self._slab_paths, self.idle_s)
         except OSError as exc:
             log.warning("cannot start an encoder process: %s", exc)
             with self._lock:
@@ -362,7 +366,7 @@ class EncoderProcesses:
             idle += [
                 p
                 for p in self._procs
-                if not p.busy and not p.broken and now - p.idle_since > IDLE_EXIT_S
+                if not p.busy and not p.broken and now - p.idle_since > self.idle_s
             ][: max(0, spare)]
             for proc in idle:
                 self._procs.remove(proc)

@@ -85,7 +85,12 @@ class Server:
         await self.startup()
         sidecar = self.sidecar
         trimmer = asyncio.create_task(
-            memory.trim_when_idle(lambda: sidecar.busy, lambda: sidecar.stats.requests)
+            memory.trim_when_idle(
+                lambda: sidecar.busy,
+                lambda: sidecar.stats.requests,
+                release=sidecar.warm.close_ready,
+                release_s=self.config.idle_release,
+            )
         )
         try:
             while not self.should_exit:

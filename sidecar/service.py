@@ -73,7 +73,7 @@ class Sidecar:
         self.planner = Planner(self.leases, self.slabset, self.limits, self.output_root)
         self.scheduler = Scheduler(config.max_concurrent_encodes, config.encoder_threads)
         self.warm = WarmPool(config.warm_encoders)
-        self.processes = EncoderProcesses(config.encoder_processes)
+        self.processes = EncoderProcesses(config.encoder_processes, config.idle_release)
         self.stats = Stats()
         self._started_at = time.monotonic()
         self._accepting = False

@@ -280,6 +280,17 @@ class WarmPool:
             return
         self._executor.submit(fill)
 
+    def close_ready(self) -> int:
+        """Close every ready encoder (the daemon is idle: `memory.RELEASE_S`); the next
+        request for their settings opens one. Returns how many were closed."""
+        with self._lock:
+            ready = [w for q in self._ready.values() for w in q]
+            self._ready.clear()
+        for warm in ready:
+            with contextlib.suppress(Exception):
+                warm.discard()
+        return len(ready)
+
     def close(self) -> None:
         self._closed = True
         if self._executor is not None:
