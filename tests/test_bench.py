@@ -29,3 +29,24 @@ def test_the_floor_times_upstream_and_x264_alone_side_by_side(
     assert "| noisy | 96x64x3 | x264_alone |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="--content"):
         floor.main(["--content", "grainy"])
+
+
+def test_the_node_suite_records_the_daemons_memory_after_its_idle(tmp_path: Path) -> None:
+    """`--idle` samples RssAnon of the daemon and of its encoder processes (its children)
+    after the load: the figure behind the README's memory row."""
+    from bench.__main__ import main
+    from sidecar.config_values import default_encoder_processes
+
+    out = tmp_path / "node.json"
+    argv = ["--suite", "node", "--throughput-shape", "96x64x2", "--clients", "2",
+            "--requests", "1", "--workers", "1", "--idle", "1", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["variant"] for r in rows if r["suite"] == "node"] == ["node_rgb24", "node_yuv420p"]
+    memory = next(r for r in rows if r["suite"] == "memory")
+    x = memory["extra"]
+    assert x["processes"] >= min(3, default_encoder_processes())  # found as its children
+    assert memory["median_ms"] == x["idle"][-1]["total_mib"] > x["daemon_mib"] > 10
+    assert x["idle"][-1]["idle_s"] >= 1 and x["peak_under_load"]["total_mib"] > 0
+    with pytest.raises(SystemExit, match="--idle"):
+        main(["--suite", "e2e", "--idle", "5"])
