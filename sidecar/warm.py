@@ -295,9 +295,4 @@ class WarmPool:
         self._closed = True
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
-        with self._lock:
-            ready = [w for q in self._ready.values() for w in q]
-            self._ready.clear()
-        for warm in ready:
-            with contextlib.suppress(Exception):
-                warm.discard()
+        self.close_ready()
