@@ -167,6 +167,6 @@ def test_encoder_processes_default_to_the_cores(monkeypatch: pytest.MonkeyPatch)
 
 @pytest.mark.parametrize("value", ["0", "-5", "nan", "inf", "soon"])
 def test_idle_release_is_a_positive_number_of_seconds(value: str) -> None:
-    with pytest.raises(ValueError, match="IDLE_RELEASE|idle_release"):
+    with pytest.raises(ValueError, match=r"IDLE_RELEASE|idle_release"):
         Config.load(parse([]), {Config.env_name("idle_release"): value})
     assert Config.load(parse(["--idle-release", "2.5"]), {}).idle_release == 2.5
