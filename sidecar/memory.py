@@ -13,8 +13,8 @@ four clients an idle daemon kept 107-444 MiB of RssAnon. Retention, not a leak. 
   memory is reused across threads instead of parked in one arena per thread;
 - `trim()` (malloc_trim) gives free heap pages back to the kernel, and `trim_when_idle`
   calls it once no encode has run or started for a few seconds; after `RELEASE_S` idle
-  the ready encoders are closed too (in the daemon and in each encoder process), and
-  trimmed, so a daemon idle for a minute holds no encoder's memory.
+  (`--idle-release`) the ready encoders are closed too, in the daemon and in each encoder
+  process, and trimmed, so a daemon idle for a minute holds no encoder's memory.
 
 With both, the same encodes leave 40-60 MiB.
 

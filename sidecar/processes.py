@@ -17,10 +17,9 @@ faster than an encoder opens, so with two, back-to-back requests would wait for 
 one's open. More start on demand, in the background, one for every request that found
 all of them busy (about 0.3 s each; requests meanwhile encode in the daemon), up to
 `limit`; those stop after `idle_s` without work (`--idle-release`, 30 s), and the three
-close their encoders and trim their heaps after as long, so an idle daemon gives the memory
-back. A process that dies costs no
-request: its frames are still in the leases and another process takes them (a second
-death fails the request).
+close their encoders and trim their heaps after as long, so an idle daemon gives the
+memory back. A process that dies costs no request: its frames are still in the leases
+and another process takes them (a second death fails the request).
 """
 
 from __future__ import annotations
