@@ -1,7 +1,8 @@
 """Fuzz soak: a real daemon under a long, bounded mix of hostile and valid gRPC requests.
 
 Measures the daemon's memory while it runs (VmRSS and RssAnon from /proc/PID/status every
-few seconds: warm start, end, max, and RssAnon again after `--idle` seconds of rest) and
+few seconds: warm start, end, max, and RssAnon again after `--idle` seconds of rest, alone
+and with its encoder processes) and
 tallies the answers by status code. Checks: (a) no UNKNOWN/INTERNAL/DATA_LOSS answer,
 (b) no file created outside the output root, (c) every refused lease is still releasable
 and none is left held, (d) no shared-memory segment left once the daemon stops. Exits 1
@@ -36,6 +37,8 @@ import grpc
 from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.launcher import DaemonProcess
+
+from .suites import tree_rss_anon
 
 SERVICE = "/video_sidecar.v1.VideoSidecar/"
 METHODS = [
@@ -477,10 +480,11 @@ def figures(key: str, samples: list[dict[str, Any]], warm_t: float, end: dict[st
     """MiB of `key`: at the warm point and at the end of the load, the max, and those two as
     medians over 30 s windows (one sample swings with the encodes in flight)."""
     load = [s for s in samples if s["t"] < end["t"]] + [end]
-    warm = next(s for s in load if s["t"] >= warm_t)
+    warm = next((s for s in load if s["t"] >= warm_t), end)  # a short run: its end
 
     def median(start: float, stop: float) -> float:
-        return statistics.median(s[key] for s in load if start <= s["t"] <= stop)
+        window = [s[key] for s in load if start <= s["t"] <= stop]
+        return statistics.median(window or [warm[key]])
 
     kib = {"warm": warm[key], "end": end[key], "max": max(s[key] for s in load)}
     kib |= {"warm_median": median(warm_t, warm_t + 30), "end_median": median(end["t"] - 30, 1e99)}
@@ -558,6 +562,7 @@ def soak(args: argparse.Namespace, daemon: DaemonProcess, root: Path, prefix: st
         pool = pb_grpc.VideoSidecarStub(channel).Status(pb.StatusRequest(), timeout=10).pool
     time.sleep(args.idle)
     idle = memory(daemon.pid, t0, done[0])
+    idle_tree = tree_rss_anon(daemon.pid)  # RssAnon MiB of the daemon and its processes
     finished.set()
     exit_code = daemon.stop()
     created = sorted(files_under(root, out) - before)
@@ -583,7 +588,8 @@ def soak(args: argparse.Namespace, daemon: DaemonProcess, root: Path, prefix: st
         "checks": checks, "offending": dict(offending.most_common()), "problems": problems[:20],
         "files_created": created[:20], "segments_left": segments, "warm_at_s": warm_t[:1],
         **{key: figures(key, samples, (warm_t or [0.0])[0], end) for key in ("VmRSS", "RssAnon")},
-        "idle": {"seconds": args.idle, "RssAnon": round(idle["RssAnon"] / 1024, 1)}, "end": end,
+        "idle": {"seconds": args.idle, "RssAnon": round(idle["RssAnon"] / 1024, 1),
+                 "with_processes": idle_tree}, "end": end,
     }  # fmt: skip
     print(json.dumps(summary, indent=2))
     if args.out:
