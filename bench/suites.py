@@ -571,14 +571,21 @@ def streaming(
 # -- memory ---------------------------------------------------------------------------------
 
 
+def status_kib(pid: int) -> dict[str, int]:
+    """The KiB fields of /proc/PID/status (VmRSS, RssAnon, ...); empty once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return {}
+    lines = [line.split() for line in status.splitlines() if line.endswith(" kB")]
+    return {fields[0].rstrip(":"): int(fields[1]) for fields in lines}
+
+
 def memory() -> list[Row]:
     """Idle daemon RSS, excluding the slabs (shared memory)."""
     with daemon() as d:
         time.sleep(2.0)
-        status = Path(f"/proc/{d.pid}/status").read_text()
-    fields = {
-        line.split(":")[0]: int(line.split()[1]) for line in status.splitlines() if "kB" in line
-    }
+        fields = status_kib(d.pid)
     private_mib = (fields.get("RssAnon", 0) + fields.get("RssFile", 0)) / 1024
     row = summarise("idle_rss_excluding_slabs", "-", [private_mib])
     row.extra = {
@@ -590,17 +597,6 @@ def memory() -> list[Row]:
     }
     print(f"idle daemon: {row.extra}", flush=True)
     return [row]
-
-
-def rss_anon_kib(pid: int) -> int:
-    """RssAnon of `pid` in KiB (0 once it is gone)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
 
 
 def children(pid: int) -> list[int]:
@@ -616,11 +612,11 @@ def children(pid: int) -> list[int]:
 def tree_rss_anon(pid: int) -> dict[str, Any]:
     """MiB of RssAnon: the daemon's, its processes' in all, and how many processes."""
     kids = children(pid)
-    own, theirs = rss_anon_kib(pid), sum(rss_anon_kib(k) for k in kids)
+    own, *theirs = (status_kib(p).get("RssAnon", 0) for p in [pid, *kids])
     return {
         "daemon_mib": round(own / 1024, 1),
         "processes": len(kids),
-        "total_mib": round((own + theirs) / 1024, 1),
+        "total_mib": round((own + sum(theirs)) / 1024, 1),
     }
 
 
@@ -630,10 +626,9 @@ class TreeMemory:
 
     def __init__(self, pid: int, every: float = 1.0) -> None:
         self.pid, self.every = pid, every
-        self.samples: list[tuple[float, dict[str, Any]]] = []
+        self.peak: dict[str, Any] = {}  # the sample with the most memory, under load
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-memory", daemon=True)
-        self._t0 = time.monotonic()
 
     def start(self) -> TreeMemory:
         self._thread.start()
@@ -641,7 +636,9 @@ class TreeMemory:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.samples.append((time.monotonic() - self._t0, tree_rss_anon(self.pid)))
+            sample = tree_rss_anon(self.pid)
+            if sample["total_mib"] > self.peak.get("total_mib", -1):
+                self.peak = sample
             self._stop.wait(self.every)
 
     def after_load(self, idle_s: float, every: float = 5.0) -> Row:
@@ -650,7 +647,6 @@ class TreeMemory:
         idle, with the peak under load and the idle samples in its details."""
         self._stop.set()
         self._thread.join()
-        peak = max((s for _, s in self.samples), key=lambda s: s["total_mib"], default={})
         idle: list[dict[str, Any]] = []
         t0 = time.monotonic()
         while True:
@@ -666,7 +662,7 @@ class TreeMemory:
             "idle_s": idle_s,
             "daemon_mib": idle[-1]["daemon_mib"],
             "processes": idle[-1]["processes"],
-            "peak_under_load": peak,
+            "peak_under_load": self.peak,
             "end_of_load": idle[0],
             "idle": idle,
         }

@@ -17,6 +17,7 @@ import av
 import numpy as np
 import pytest
 
+from bench.suites import tree_rss_anon
 from client import DeadlineExceeded, ServerError
 from client.patterns import moving_pattern
 from sidecar import memory, processes
@@ -527,18 +528,6 @@ def test_back_to_back_clips_reuse_the_last_encoders_memory(  # type: ignore[no-u
         assert min(rounds) > 300, rounds
 
 
-def rss_anon_mib(pids: list[int]) -> float:
-    """RssAnon of `pids` together, in MiB (a pid gone counts nothing)."""
-    total = 0
-    for pid in pids:
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
-            continue
-        total += next(int(line.split()[1]) for line in status.splitlines() if "RssAnon" in line)
-    return total / 1024
-
-
 @pytest.mark.parametrize("processes_wanted", [0, 3])
 def test_an_idle_daemon_gives_its_encoders_memory_back(  # type: ignore[no-untyped-def]
     make_daemon, processes_wanted
@@ -554,8 +543,8 @@ def test_an_idle_daemon_gives_its_encoders_memory_back(  # type: ignore[no-untyp
     pid = d.process.pid
     clip = moving_pattern(4, 768, 1344)
 
-    def tree() -> float:
-        return rss_anon_mib([pid, *encoder_processes(d)])
+    def tree() -> float:  # the daemon and its encoder processes
+        return float(tree_rss_anon(pid)["total_mib"])
 
     with d.client() as c:
         assert wait_for(lambda: c.status().encoder_processes == processes_wanted)
