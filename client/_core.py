@@ -52,8 +52,10 @@ CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     # A local daemon that restarts should be found again within a fraction of a second.
+    # Not "grpc.min_reconnect_backoff_ms": gRPC also takes it as the time a connection
+    # has to complete its handshake, and a daemon on a busy host may take longer than a
+    # backoff's worth; each call would then fail at once, UNAVAILABLE.
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 

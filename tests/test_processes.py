@@ -296,7 +296,8 @@ def test_a_large_output_comes_back_as_a_descriptor(make_daemon) -> None:  # type
         result = c.encode(clip, crf=0, path="big.mp4")
         assert c.status().counters["process_encodes"] == before + 2
     assert Path(result.path).read_bytes() == expected
-    assert len(os.listdir(f"/proc/{d.process.pid}/fd")) <= fds
+    # The daemon closes the client's connections as it notices them gone, a moment later.
+    assert wait_for(lambda: len(os.listdir(f"/proc/{d.process.pid}/fd")) <= fds, timeout=5)
 
 
 class _Pipe:
