@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import shutil
 import socket
 import struct
 import tempfile
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -76,6 +79,49 @@ class Daemon(DaemonProcess):
     def cleanup(self) -> None:
         self.kill()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class SlowHandshake:
+    """A Unix socket in front of the daemon's that holds each new connection for
+    `delay_s` before passing its bytes on: a daemon on a host too busy to answer at once."""
+
+    def __init__(self, path: Path, daemon_socket: str, delay_s: float) -> None:
+        self.path, self.daemon_socket, self.delay_s = path, daemon_socket, delay_s
+        self.listener = socket.socket(socket.AF_UNIX)
+        self.listener.bind(str(path))
+        self.listener.listen(8)
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                near, _ = self.listener.accept()
+                threading.Thread(target=self._pass_on, args=(near,), daemon=True).start()
+
+    def _pass_on(self, near: socket.socket) -> None:
+        time.sleep(self.delay_s)
+        far = socket.socket(socket.AF_UNIX)
+        self.held += [near, far]
+        try:
+            far.connect(self.daemon_socket)
+        except OSError:  # the daemon stopped meanwhile
+            near.close()
+            return
+        for a, b in ((near, far), (far, near)):
+            threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        for sock in [self.listener, *self.held]:
+            sock.close()
 
 
 def mapped_segments(prefix: str) -> set[tuple[str, str]]:

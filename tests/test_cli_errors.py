@@ -23,7 +23,7 @@ from sidecar.config import Config
 from sidecar.launcher import DaemonProcess, auto_shm_prefix
 
 from .conftest import new_prefix
-from .helpers import SHM_DIR, Daemon, decode
+from .helpers import SHM_DIR, Daemon, SlowHandshake, decode
 
 CLI = [sys.executable, "-m", "sidecar"]
 
@@ -448,6 +448,17 @@ def test_no_daemon_says_how_to_start_one(tmp_path: Path, command: str) -> None:
     assert f"no daemon answers at {sock}" in line
     assert f"video-sidecar serve --socket {sock}" in line
     assert "failed to connect" not in line
+
+
+def test_health_waits_for_a_daemon_slow_to_answer(daemon: Daemon, tmp_path: Path) -> None:
+    """The probe a container runs on a host busy encoding: a handshake that takes its
+    time is waited for within `--timeout`, not reported as no daemon."""
+    proxy = SlowHandshake(tmp_path / "slow.sock", daemon.socket, delay_s=0.6)
+    try:
+        result = cli(["health", "--socket", str(proxy.path)], tmp_path)
+    finally:
+        proxy.close()
+    assert (result.returncode, result.stdout.strip()) == (0, "SERVING"), result.stderr
 
 
 # -- 7. the demo's output --------------------------------------------------------------------

@@ -5,9 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
-import socket
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +20,7 @@ from client import DeadlineExceeded, Reason, ResourceExhausted, SidecarUnavailab
 from client.patterns import moving_pattern
 
 from .conftest import new_prefix
-from .helpers import Daemon, decode, mapped_segments
+from .helpers import Daemon, SlowHandshake, decode, mapped_segments
 
 
 def wait_until(predicate, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
@@ -74,49 +72,6 @@ def test_daemon_killed_clients_reattach_and_remap(make_daemon, connect, timeout)
         new_slabs = set(d.segments()) - {f"{d.prefix}.lock"}
         assert new_slabs <= {name for _, name in mapped_segments(d.prefix)}
         assert not new_slabs & old_slabs
-
-
-class SlowHandshake:
-    """A Unix socket in front of the daemon's that holds each new connection for
-    `delay_s` before passing its bytes on: a daemon on a host too busy to answer at once."""
-
-    def __init__(self, path: Path, daemon_socket: str, delay_s: float) -> None:
-        self.path, self.daemon_socket, self.delay_s = path, daemon_socket, delay_s
-        self.listener = socket.socket(socket.AF_UNIX)
-        self.listener.bind(str(path))
-        self.listener.listen(8)
-        self.held: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                near, _ = self.listener.accept()
-                threading.Thread(target=self._pass_on, args=(near,), daemon=True).start()
-
-    def _pass_on(self, near: socket.socket) -> None:
-        time.sleep(self.delay_s)
-        far = socket.socket(socket.AF_UNIX)
-        self.held += [near, far]
-        try:
-            far.connect(self.daemon_socket)
-        except OSError:  # the daemon stopped meanwhile
-            near.close()
-            return
-        for a, b in ((near, far), (far, near)):
-            threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while data := src.recv(1 << 16):
-                dst.sendall(data)
-        with contextlib.suppress(OSError):
-            dst.shutdown(socket.SHUT_WR)
-
-    def close(self) -> None:
-        for sock in [self.listener, *self.held]:
-            sock.close()
 
 
 def test_a_daemon_slow_to_answer_a_new_connection_is_waited_for(
