@@ -19,7 +19,10 @@ all of them busy (about 0.3 s each; requests meanwhile encode in the daemon), up
 `limit`; those stop after `idle_s` without work (`--idle-release`, 30 s), and the three
 close their encoders and trim their heaps after as long, so an idle daemon gives the
 memory back. A process that dies costs no request: its frames are still in the leases
-and another process takes them (a second death fails the request).
+and another process takes them (a second death fails the request). Processes that exit
+before they are up (a broken environment: a library the child cannot load, a limit on
+processes) are said in the log and tried again after 1, 2, 4... up to 60 s, not three
+times a second: requests meanwhile encode in the daemon.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ KEEP = 3  # started with the daemon and kept
 MAINTAIN_S = 1.0  # how often the pool looks for idle processes to stop
 STOP_WAIT_S = 2.0
 STOP_POLL_S = 0.05  # how soon a cancelled request's process is told to stop
+START_RETRY_S = (1.0, 60.0)  # first and longest wait after processes fail to start
 STALE_S = 1.0  # a ready encoder unused this long may be replaced by one for other settings
 
 
@@ -248,6 +252,8 @@ class EncoderProcesses:
         self.spawned = 0
         self.hits = 0  # encodes that found the process's encoder ready
         self.misses = 0
+        self._failed_rounds = 0  # checks in a row that found such processes
+        self._next_start = 0.0  # monotonic time before which none is started
 
     @property
     def enabled(self) -> bool:
@@ -334,7 +340,7 @@ class EncoderProcesses:
 
     def _spawn_one(self) -> bool:
         with self._lock:
-            if len(self._procs) >= self._wanted:
+            if len(self._procs) >= self._wanted or time.monotonic() < self._next_start:
                 return False
         try:
             proc = EncoderProcess(self._slab_paths, self.idle_s)
@@ -360,7 +366,8 @@ class EncoderProcesses:
             for proc in self._procs:
                 if not proc.busy:
                     proc.poll()
-            idle = [p for p in self._procs if not p.busy and p.broken]
+            dead = [p for p in self._procs if not p.busy and p.broken]
+            idle = list(dead)
             spare = len(self._procs) - len(idle) - KEEP
             idle += [
                 p
@@ -371,8 +378,34 @@ class EncoderProcesses:
                 self._procs.remove(proc)
             if idle:
                 self._wanted = max(len(self._procs), min(self.limit, KEEP))
+            retry_s = self._count_failed_starts(dead, now)
         for proc in idle:
             proc.stop()
+        for proc in dead:
+            if proc.started:
+                log.warning("an encoder process stopped (exit code %s)", proc.popen.poll())
+        failed = [proc.popen.poll() for proc in dead if not proc.started]
+        if failed:
+            log.warning(
+                "%d encoder process(es) exited before they were up (exit codes %s); "
+                "encoding in the daemon, next try in %.0f s",
+                len(failed),
+                ", ".join(sorted({str(code) for code in failed})),
+                retry_s,
+            )
+
+    def _count_failed_starts(self, dead: list[EncoderProcess], now: float) -> float:
+        """Back off starting processes while they exit before they are up; once one is
+        up, start them at once again. The wait before the next start (under the lock)."""
+        if any(not p.started for p in dead):
+            self._failed_rounds += 1
+            first, longest = START_RETRY_S
+            wait = min(longest, first * (1 << min(self._failed_rounds - 1, 16)))
+            self._next_start = now + wait
+            return wait
+        if any(p.started and not p.broken for p in self._procs):
+            self._failed_rounds = 0
+        return 0.0
 
     def close(self) -> None:
         """Stop every process; one still encoding is left to end with the daemon."""

@@ -205,6 +205,42 @@ def test_a_process_that_dies_mid_encode_hands_the_frames_on(make_daemon) -> None
     assert status.pool["active_leases"] <= 1
 
 
+def test_processes_that_cannot_start_are_said_and_tried_less_often(  # type: ignore[no-untyped-def]
+    make_daemon, tmp_path: Path
+) -> None:
+    """An environment where encoder processes exit at startup: requests are encoded in
+    the daemon, the log says so, starts back off instead of going on every second, and
+    processes come up once the cause is gone."""
+    site, broken, starts = tmp_path / "site", tmp_path / "broken", tmp_path / "starts"
+    site.mkdir()
+    broken.touch()
+    # The daemon marks its environment; its children, finding the mark, exit at once.
+    (site / "sitecustomize.py").write_text(
+        "import os\n"
+        f"if os.environ.get('VS_TEST_CHILD') and os.path.exists({str(broken)!r}):\n"
+        f"    open({str(starts)!r}, 'a').write('x')\n"
+        "    os._exit(3)\n"
+        "os.environ['VS_TEST_CHILD'] = '1'\n"
+    )
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
+    d = make_daemon(start=False, encoder_processes=2)
+    d.start(env={**os.environ, "PYTHONPATH": path})
+    clip = moving_pattern(4, 64, 96)
+    with d.client() as c:
+        for _ in range(3):
+            assert c.encode(clip).frames == 4
+        time.sleep(8)
+        assert c.encode(clip).frames == 4
+        assert c.status().counters["process_encodes"] == 0
+    tried = len(starts.read_text())
+    assert 2 <= tried <= 8, tried  # every second: 16
+    said = [line for line in d.log().splitlines() if "exited before they were up" in line]
+    assert said and "exit codes 3" in said[0] and "encoding in the daemon" in said[0]
+    assert len(said) <= 4
+    broken.unlink()
+    encode_until_in_processes(d, clip)
+
+
 def test_processes_exit_when_the_daemon_is_killed(make_daemon) -> None:  # type: ignore[no-untyped-def]
     d = make_daemon(encoder_processes=2)
     encode_until_in_processes(d, moving_pattern(4, 64, 96))
