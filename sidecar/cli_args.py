@@ -145,7 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = command(
         "serve",
         "run the daemon",
-        "Run the daemon; SIGTERM or SIGINT shuts it down gracefully, a second one forces it.",
+        "Run the daemon; SIGTERM, SIGINT or SIGHUP shuts it down gracefully, a second one "
+        "forces it.",
         epilog=BOOLEAN_FLAGS_NOTE,
     )
     Config.add_config_argument(serve)

@@ -1,10 +1,12 @@
 """The daemon's lifecycle: startup, serve, graceful shutdown.
 
-Signal handlers only set flags; the serve loop notices them. The first SIGTERM/SIGINT
-starts a graceful shutdown: health turns NOT_SERVING, new work is refused, in-flight
-encodes (streams included: their clients may still lease) get `shutdown_grace` seconds,
-then the rest are stopped, their clients told the daemon is shutting down, and the slabs
-unlinked. A second signal cuts the grace short: the daemon exits within about 2 seconds.
+Signal handlers only set flags; the serve loop notices them. The first SIGTERM, SIGINT or
+SIGHUP (the terminal it runs in closed: left to its default, the daemon would die with
+its slabs still in /dev/shm) starts a graceful shutdown: health turns NOT_SERVING, new
+work is refused, in-flight encodes (streams included: their clients may still lease) get
+`shutdown_grace` seconds, then the rest are stopped, their clients told the daemon is
+shutting down, and the slabs unlinked. A second signal cuts the grace short: the daemon
+exits within about 2 seconds.
 """
 
 from __future__ import annotations
@@ -258,7 +260,7 @@ class Server:
 
     def install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.add_signal_handler(sig, self.handle_exit, sig)
 
     def handle_exit(self, sig: int) -> None:

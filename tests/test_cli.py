@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -125,6 +126,18 @@ def test_sigterm_leaves_nothing(make_daemon) -> None:
     assert len(d.segments()) == 5
     assert d.stop() == 0
     assert d.segments() == [] and not os.path.exists(d.socket)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])
+def test_a_closed_terminal_or_ctrl_c_leaves_nothing(make_daemon, sig: int) -> None:  # type: ignore[no-untyped-def]
+    """SIGHUP (the terminal `serve` ran in went away) shuts down as SIGTERM does."""
+    d = make_daemon(encoder_processes=1)
+    with d.client() as c:
+        assert c.encode(moving_pattern(2, 32, 32)).frames == 2
+    d.process.send_signal(sig)
+    assert d.process.wait(30) == 0
+    assert d.segments() == [] and not os.path.exists(d.socket)
+    assert "sidecar.server: shutting down" in d.log() and "sidecar.server: stopped" in d.log()
 
 
 def test_sigkill_then_restart_sweeps_stale_segments(make_daemon) -> None:
