@@ -288,7 +288,7 @@ class EncodeJob:
                 answer = proc.encode(job, progress, lambda: self.stopped)
                 return answer
             except ProcessGone:
-                if attempt:
+                if attempt or self.stopped:  # a cancelled request is not tried again
                     raise
             finally:
                 processes.give(proc, answer.warm if answer is not None else None)

@@ -53,6 +53,10 @@ KEEP = 3  # started with the daemon and kept
 MAINTAIN_S = 1.0  # how often the pool looks for idle processes to stop
 STOP_WAIT_S = 2.0
 STOP_POLL_S = 0.05  # how soon a cancelled request's process is told to stop
+# A process told to stop looks for it after every frame; one that has not answered this
+# long after is hung (or stopped: SIGSTOP, a debugger) and is killed, so that it does not
+# hold its request's encode slot and leases for good.
+STOP_GRACE_S = 10.0
 START_RETRY_S = (1.0, 60.0)  # first and longest wait after processes fail to start
 STALE_S = 1.0  # a ready encoder unused this long may be replaced by one for other settings
 
@@ -139,18 +143,23 @@ class EncoderProcess:
         stopped: Callable[[], bool] = lambda: False,
     ) -> Answer:
         """Run `job` there, passing on its progress; once `stopped()`, the process is
-        told to stop (it answers Cancelled). ProcessGone if it dies meanwhile."""
-        told_to_stop = False
+        told to stop (it answers Cancelled). ProcessGone if it dies meanwhile, or is
+        killed for not answering within `STOP_GRACE_S` of that."""
+        told_to_stop_at: float | None = None
         # A process still opening an encoder for `job` reads it once that is done.
         waits = self.opening and self.next_key == job.key
         sent_at = time.perf_counter()
         try:
             self.conn.send(job)
             while True:
-                if not told_to_stop and stopped():
+                if told_to_stop_at is None and stopped():
                     self.conn.send(Stop())
-                    told_to_stop = True
+                    told_to_stop_at = time.monotonic()
                 if not self._readable(STOP_POLL_S):
+                    if told_to_stop_at is not None and (
+                        time.monotonic() - told_to_stop_at > STOP_GRACE_S
+                    ):
+                        self._kill_hung()
                     continue
                 message = self.conn.recv()
                 if isinstance(message, Answer):
@@ -167,6 +176,14 @@ class EncoderProcess:
         except (EOFError, OSError):
             self.broken = True
             raise ProcessGone("an encoder process stopped during the encode") from None
+
+    def _kill_hung(self) -> None:
+        log.warning(
+            "an encoder process did not stop within %.0f s of being told to; killed it",
+            STOP_GRACE_S,
+        )
+        self.popen.kill()
+        raise OSError("killed: it did not stop when told")  # below: ProcessGone
 
     def _descriptor(self) -> int:
         """The memfd a large answer's bytes are in, sent right after it."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -23,7 +24,7 @@ from client.patterns import moving_pattern
 from sidecar import memory, processes
 from sidecar.errors import Cancelled
 from sidecar.process_main import WATCH_S, Stop, _Watch
-from sidecar.processes import EncoderProcesses
+from sidecar.processes import STOP_GRACE_S, EncoderProcesses
 from sidecar.warm import EncoderKey
 from tests.helpers import Daemon, decode, index_first, psnr
 
@@ -311,6 +312,38 @@ def test_a_cancelled_long_encode_stops_its_process(make_daemon) -> None:  # type
     assert status.counters["process_encodes"] == before + 2  # the cancelled one, and this
     assert status.pool["active_leases"] <= 1  # the client's spare
     assert "Traceback" not in d.log()
+
+
+def test_a_hung_process_is_killed_once_its_request_is_cancelled(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    """A process that stops answering mid-encode (here SIGSTOPped): once its request's
+    deadline passes it gets `STOP_GRACE_S` to stop, then is killed, so the request's
+    encode slot and leases come back and the daemon goes on serving."""
+    d = make_daemon(encoder_processes=1, max_concurrent_encodes=1)
+    small = moving_pattern(4, 64, 96)
+    encode_until_in_processes(d, small)
+    (pid,) = encoder_processes(d)
+    clip = noise_clip(90, 240, 424)
+    with d.client() as c:
+
+        def hang_once_busy() -> None:
+            wait_for(lambda: cpu_seconds(pid) > busy_from + 0.2, timeout=10)
+            os.kill(pid, signal.SIGSTOP)
+
+        busy_from = cpu_seconds(pid)
+        hanger = threading.Thread(target=hang_once_busy)
+        hanger.start()
+        try:
+            with pytest.raises(DeadlineExceeded):
+                c.encode(clip, preset="veryslow", timeout=1.5)
+            hanger.join()
+            assert wait_for(lambda: c.status().active_encodes == 0, timeout=STOP_GRACE_S + 10)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        assert gone(pid)
+        assert c.encode(small).frames == 4  # the one slot is free again
+        assert c.status().pool["active_leases"] <= 1  # the client's spare
+    assert "did not stop within" in d.log()
 
 
 def test_a_large_output_comes_back_as_a_descriptor(make_daemon) -> None:  # type: ignore[no-untyped-def]
