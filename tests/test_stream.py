@@ -87,7 +87,8 @@ def test_a_deadline_mid_stream_leaves_no_lease(make_daemon, connect) -> None:
         # The deadline, or first the wait for a lease the slow encoder has not freed.
         with pytest.raises((DeadlineExceeded, ResourceExhausted)):
             c.encode(grain, preset="veryslow", timeout=1.0)
-        status = c.status()
+        # The encoder stops at its next frame, and frees the leases then.
+        status = wait_for_idle(c, timeout=10)
     assert status.pool["active_leases"] == 0, status.pool
 
 
@@ -159,9 +160,9 @@ def test_audio_sent_at_the_end_of_a_stream(client: Any, video: np.ndarray) -> No
     assert abs(audio_s - video_s) <= 1024 / 22050
 
 
-def wait_for_idle(c: Any, leases: int = 0) -> Any:
+def wait_for_idle(c: Any, leases: int = 0, timeout: float = 5.0) -> Any:
     """The daemon's status once no encode runs and at most `leases` leases are out."""
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + timeout
     while True:
         status = c.status()
         idle = status.pool["active_leases"] <= leases and status.active_encodes == 0
