@@ -41,6 +41,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle
 from pathlib import Path
+from typing import NoReturn
 
 from .errors import EncodeFailed
 from .memory import RELEASE_S
@@ -177,13 +178,14 @@ class EncoderProcess:
             self.broken = True
             raise ProcessGone("an encoder process stopped during the encode") from None
 
-    def _kill_hung(self) -> None:
+    def _kill_hung(self) -> NoReturn:
         log.warning(
             "an encoder process did not stop within %.0f s of being told to; killed it",
             STOP_GRACE_S,
         )
         self.popen.kill()
-        raise OSError("killed: it did not stop when told")  # below: ProcessGone
+        self.broken = True
+        raise ProcessGone("an encoder process did not stop when told, and was killed")
 
     def _descriptor(self) -> int:
         """The memfd a large answer's bytes are in, sent right after it."""
@@ -342,8 +344,8 @@ class EncoderProcesses:
                 self._procs.remove(proc)
             else:
                 return
-        log.warning("an encoder process stopped (exit code %s)", proc.popen.poll())
-        proc.stop()
+        proc.stop()  # reaped: its exit code is known
+        log.warning("an encoder process stopped (exit code %s)", proc.popen.returncode)
 
     def _maintain(self) -> None:
         while not self._closed:
@@ -400,8 +402,8 @@ class EncoderProcesses:
             proc.stop()
         for proc in dead:
             if proc.started:
-                log.warning("an encoder process stopped (exit code %s)", proc.popen.poll())
-        failed = [proc.popen.poll() for proc in dead if not proc.started]
+                log.warning("an encoder process stopped (exit code %s)", proc.popen.returncode)
+        failed = [proc.popen.returncode for proc in dead if not proc.started]
         if failed:
             log.warning(
                 "%d encoder process(es) exited before they were up (exit codes %s); "
