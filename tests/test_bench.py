@@ -31,6 +31,24 @@ def test_the_floor_times_upstream_and_x264_alone_side_by_side(
         floor.main(["--content", "grainy"])
 
 
+def test_the_parallel_floor_adds_up_concurrent_x264_encoders(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--processes N`: N encoders at once, each with the daemon's share of the cores."""
+    from bench import floor
+
+    out = tmp_path / "floor.json"
+    argv = ["--processes", "2", "--seconds", "0.5", "--shapes", "96x64x30"]
+    assert floor.main([*argv, "--content", "noisy", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert (row["variant"], row["shape"], row["content"]) == ("x264_alone", "96x64x30", "noisy")
+    assert row["extra"]["processes"] == 2 and row["extra"]["threads"] >= 1
+    assert row["samples"] >= 2 and row["extra"]["frames_per_s"] > 0
+    assert "| noisy | 96x64x30 | 2 x " in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--processes"):
+        floor.main(["--processes", "-1"])
+
+
 def test_the_node_suite_records_the_daemons_memory_after_its_idle(tmp_path: Path) -> None:
     """`--idle` samples RssAnon of the daemon and of its encoder processes (its children)
     after the load: the figure behind the README's memory row."""
