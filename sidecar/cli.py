@@ -1,26 +1,30 @@
 """Command line: `video-sidecar serve | demo | status | health | config | encode | bench`.
 
-Every command answers a problem with one line on stderr and a non-zero status: 2 for a
-usage or input problem, 1 for a failure, 130 for Ctrl-C. Only `__main__` exits.
+Every command answers a problem with one line on stderr and a non-zero status (`exits`): 2
+for a usage or input problem, 1 for a failure, 128 + the signal's number when stopped by
+Ctrl-C, SIGTERM or SIGHUP. Only `__main__` exits.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 
 from . import logs
 from .cli_args import build_parser, join_negative_values
 from .config import Config
 from .config_values import default_socket, format_size, socket_path
 from .errors import StartupError
+from .exits import EXIT_INTERRUPTED, Terminated, terminate
 
 log = logging.getLogger("sidecar")
-
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 
 def _socket(arg: str | None) -> str:
@@ -194,6 +198,21 @@ def bench(args: argparse.Namespace) -> int:
     return bench_main(args.args)
 
 
+@contextlib.contextmanager
+def _stopped_as_by_ctrl_c(wanted: bool) -> Iterator[None]:
+    """SIGTERM and SIGHUP (a job's timeout, a closed terminal) stop the command as Ctrl-C
+    does, instead of killing it with its daemon and `.part` file left behind."""
+    if not wanted or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    kept = {sig: signal.signal(sig, terminate) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in kept.items():
+            signal.signal(sig, handler)
+
+
 COMMANDS = {
     "serve": serve,
     "demo": demo,
@@ -216,9 +235,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"video-sidecar: {exc}", file=sys.stderr)
             return 2
         args = build_parser().parse_args(argv)
-        code = COMMANDS[args.command](args)
+        with _stopped_as_by_ctrl_c(args.command != "serve"):  # serve has its own handlers
+            code = COMMANDS[args.command](args)
         sys.stdout.flush()  # here, where a closed pipe is caught, not at interpreter exit
         return code
+    except Terminated as exc:
+        # Cleaned up on the way out, as for Ctrl-C (an auto-started daemon too).
+        print(f"video-sidecar: stopped by {exc}", file=sys.stderr)
+        return 128 + exc.signum
     except KeyboardInterrupt:
         # Whatever was running cleaned up on the way out (an auto-started daemon too).
         end_line = "\n" if sys.stderr.isatty() else ""  # after the terminal's ^C

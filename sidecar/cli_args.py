@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from . import __version__
 from .config import Config
@@ -107,8 +107,14 @@ def _socket_help() -> str:
     )
 
 
+def _address(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("must name a socket path or HOST:PORT, got ''")
+    return text
+
+
 def _add_socket(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--socket", metavar="PATH", help=_socket_help())
+    parser.add_argument("--socket", metavar="PATH", type=_address, help=_socket_help())
 
 
 def _add_shm_prefix(parser: argparse.ArgumentParser) -> None:
@@ -124,8 +130,15 @@ def _add_shm_prefix(parser: argparse.ArgumentParser) -> None:
     )
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage mistake told in one line (the usage block is in --help)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="video-sidecar",
         description="Video-output daemon for GPU generation servers.",
         formatter_class=HelpFormatter,

@@ -133,6 +133,13 @@ def default_encoder_processes() -> int:
     return 0 if cores < 2 else min(16, max(3, cores))
 
 
+PAGE = 4096  # slabs are mapped whole; a lease's offset and size are pages too
+# Every worker maps and registers each slab, and a lease looks for room slab by slab: a
+# few large slabs, not many small ones (a million took 3.6 s and 422 MB before the
+# /dev/shm check could say the pool does not fit).
+MAX_SLABS = 1024
+
+
 def config_problems(c: Any) -> list[str]:
     """What is wrong with a `Config`'s values, one phrase each (empty: nothing)."""
     problems = []
@@ -140,10 +147,17 @@ def config_problems(c: Any) -> list[str]:
                        ("encoder_threads", "auto")):  # fmt: skip
         if getattr(c, name) < 0:
             problems.append(f"{name} must be 0 ({zero}) or more")
-    if c.slabs < 1:
-        problems.append("slabs must be at least 1")
+    if not 1 <= c.slabs <= MAX_SLABS:
+        problems.append(f"slabs must be 1 to {MAX_SLABS}; for a larger pool, larger slabs")
     if c.slab_size < 1024 * 1024:
         problems.append("slab_size must be at least 1MiB")
+    elif c.slab_size % PAGE:
+        problems.append(
+            f"slab_size must be a whole number of 4KiB pages, got {c.slab_size} bytes "
+            f"(the next is {-(-c.slab_size // PAGE) * PAGE})"
+        )
+    if not c.socket:
+        problems.append("socket must name a path")
     if c.max_concurrent_encodes < 1:
         problems.append("max_concurrent_encodes must be at least 1")
     if c.idle_release <= 0:

@@ -20,6 +20,7 @@ from client import AlreadyExists, SidecarClient, SidecarError
 from client.patterns import moving_pattern
 
 from .config_values import format_size
+from .exits import EXIT_USAGE, exit_status
 from .launcher import AutoDaemon, DaemonStartError, is_serving
 
 DEFAULT_OUTPUT = "demo/demo.mp4"  # one file, replaced by each run
@@ -70,10 +71,10 @@ def run(options: DemoOptions) -> int:
                 "pass --overwrite to replace it",
                 file=sys.stderr,
             )
-            return 1
+            return EXIT_USAGE
         except SidecarError as exc:
             print(f"video-sidecar: demo failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-            return 1
+            return exit_status(exc)
 
     t = result.timings
     print(f"\nwrote {result.path}")

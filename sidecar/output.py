@@ -86,11 +86,14 @@ class FileTarget:
                 raise InvalidRequest(
                     FIELD, f"{relative[:80]!r} leaves the output root through a link"
                 )
+            # A file in the way is the output root's state, not a wrong request.
             if not os.path.isdir(current):
-                raise InvalidRequest(FIELD, f"{part!r} in {relative[:80]!r} is not a directory")
+                raise OutputError(
+                    f"cannot write {relative[:80]!r}: {part!r} in it is not a directory"
+                )
         final = Path(current) / rel.name
         if os.path.isdir(final):
-            raise InvalidRequest(FIELD, f"{relative[:80]!r} is a directory")
+            raise OutputError(f"cannot write {relative[:80]!r}: it is a directory")
         if not overwrite and os.path.lexists(final):
             raise OutputExists(f"{relative[:80]!r} exists; pass overwrite to replace it")
         return cls(final, overwrite)

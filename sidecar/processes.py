@@ -58,6 +58,8 @@ STOP_POLL_S = 0.05  # how soon a cancelled request's process is told to stop
 # long after is hung (or stopped: SIGSTOP, a debugger) and is killed, so that it does not
 # hold its request's encode slot and leases for good.
 STOP_GRACE_S = 10.0
+# Said when a process that was up dies (the OOM killer, a crash); the pool starts another.
+STOPPED = "encoder process %d stopped (exit code %s, negative: killed by that signal)"
 START_RETRY_S = (1.0, 60.0)  # first and longest wait after processes fail to start
 STALE_S = 1.0  # a ready encoder unused this long may be replaced by one for other settings
 
@@ -180,7 +182,8 @@ class EncoderProcess:
 
     def _kill_hung(self) -> NoReturn:
         log.warning(
-            "an encoder process did not stop within %.0f s of being told to; killed it",
+            "encoder process %d did not stop within %.0f s of being told to; killed it",
+            self.popen.pid,
             STOP_GRACE_S,
         )
         self.popen.kill()
@@ -345,7 +348,7 @@ class EncoderProcesses:
             else:
                 return
         proc.stop()  # reaped: its exit code is known
-        log.warning("an encoder process stopped (exit code %s)", proc.popen.returncode)
+        log.warning(STOPPED, proc.popen.pid, proc.popen.returncode)
 
     def _maintain(self) -> None:
         while not self._closed:
@@ -374,6 +377,7 @@ class EncoderProcesses:
             else:
                 self._procs.append(proc)
                 self.spawned += 1
+                log.debug("started encoder process %d", proc.popen.pid)
                 return True
         for extra in idle:
             extra.stop()
@@ -402,7 +406,7 @@ class EncoderProcesses:
             proc.stop()
         for proc in dead:
             if proc.started:
-                log.warning("an encoder process stopped (exit code %s)", proc.popen.returncode)
+                log.warning(STOPPED, proc.popen.pid, proc.popen.returncode)
         failed = [proc.popen.returncode for proc in dead if not proc.started]
         if failed:
             log.warning(

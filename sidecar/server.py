@@ -35,6 +35,7 @@ from .framed import FramedServer
 from .metrics import Metrics
 from .service import Sidecar
 from .servicer import VideoSidecarServicer, add_to_server
+from .shm import not_in_group
 from .vocabulary import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
@@ -149,7 +150,7 @@ class Server:
             mode = 0o660 if self.config.shm_group else 0o600
             gid = grp.getgrnam(self.config.shm_group).gr_gid if self.config.shm_group else -1
             os.chmod(self._socket_path, mode)
-            os.chown(self._socket_path, -1, gid)
+            self._give_to_group(self._socket_path, "the socket")
             if self.config.framed_socket:
                 framed = FramedServer(self._servicer, self._socket_path)
                 if await framed.start(mode, gid):
@@ -270,6 +271,19 @@ class Server:
 
     # -- helpers -------------------------------------------------------------------------
 
+    def _give_to_group(self, path: Path, what: str) -> None:
+        """chgrp `path` to --shm-group, if one is set."""
+        if not self.config.shm_group:
+            return
+        try:
+            gid = grp.getgrnam(self.config.shm_group).gr_gid
+        except KeyError:
+            raise StartupError(f"no group named {self.config.shm_group!r} (--shm-group)") from None
+        try:
+            os.chown(path, -1, gid)
+        except PermissionError:
+            raise StartupError(not_in_group(self.config.shm_group, what)) from None
+
     def _prepare_socket(self) -> None:
         path = self._socket_path
         # sun_path holds 108 bytes on Linux, the closing NUL included; gRPC raises past it.
@@ -290,6 +304,8 @@ class Server:
                         f"socket directory {directory} belongs to uid {st.st_uid}, not us"
                     )
                 os.chmod(directory, mode)
+                # The group's members must be able to enter it to reach the socket.
+                self._give_to_group(directory, "the socket directory")
             if not directory.is_dir():
                 raise StartupError(f"socket directory {directory} is not a directory")
             if not os.access(directory, os.W_OK | os.X_OK):

@@ -59,6 +59,14 @@ def _free_bytes(directory: Path) -> int:
     return st.f_bavail * st.f_frsize
 
 
+def not_in_group(group: str, what: str) -> str:
+    """Why chown to --shm-group failed: only a member of a group may give it a file."""
+    return (
+        f"cannot give {what} to group {group!r} (--shm-group): the daemon's user is not "
+        "in that group; add it (usermod -aG), or leave --shm-group unset"
+    )
+
+
 class SlabSet:
     """Creates and owns all slabs of one daemon instance."""
 
@@ -78,6 +86,7 @@ class SlabSet:
             self.gid = grp.getgrnam(group).gr_gid if group else -1
         except KeyError:
             raise StartupError(f"no group named {group!r} (--shm-group)") from None
+        self.group = group
         self.mode = 0o660 if group else 0o600
         self.instance = secrets.token_hex(4)
         self.slabs: list[Slab] = []
@@ -198,7 +207,10 @@ class SlabSet:
         try:
             os.fchmod(fd, self.mode)  # the umask must not loosen or tighten it
             if self.gid >= 0:
-                os.fchown(fd, -1, self.gid)
+                try:
+                    os.fchown(fd, -1, self.gid)
+                except PermissionError:
+                    raise StartupError(not_in_group(self.group, "the slabs")) from None
             os.ftruncate(fd, self.size)
             try:
                 # Reserve every page now, so running out of tmpfs is a startup error

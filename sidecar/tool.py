@@ -27,6 +27,7 @@ import numpy as np
 from client import SidecarClient, SidecarError, SidecarUnavailable
 
 from .config_values import format_size
+from .exits import exit_status
 from .launcher import AutoDaemon, DaemonStartError, is_serving
 
 ACCEPTED = (
@@ -253,6 +254,12 @@ def _umask() -> int:
     return mask
 
 
+def as_flags(message: str) -> str:
+    """A client message in this command's words: `value_range=(-1, 1)` is
+    `--value-range -1,1` here."""
+    return re.sub(r"value_range=\(([^,()]+), ([^,()]+)\)", r"--value-range \1,\2", message)
+
+
 def run(cmd: EncodeCommand) -> int:
     try:
         video = load_array(cmd.source)
@@ -281,6 +288,8 @@ def run(cmd: EncodeCommand) -> int:
         client = stack.enter_context(SidecarClient(cmd.socket, client_name="cli"))
         bar = ProgressBar()
         stack.callback(bar.close)
+        noticed = stack.enter_context(warnings.catch_warnings(record=True))
+        warnings.simplefilter("always", UserWarning)
         try:
             result = client.encode(
                 video,
@@ -301,8 +310,11 @@ def run(cmd: EncodeCommand) -> int:
             print(f"video-sidecar: {type(exc).__name__}: {exc}", file=sys.stderr)
             if isinstance(exc, SidecarUnavailable) and daemon is not None and daemon.owned:
                 print(f"video-sidecar: the daemon's log: {daemon.log_path}", file=sys.stderr)
-            return 1
+            return exit_status(exc)
         bar.close()
+        for notice in noticed:  # the client's, about the input, in this command's words
+            if issubclass(notice.category, UserWarning):
+                print(f"video-sidecar: warning: {as_flags(str(notice.message))}", file=sys.stderr)
         try:
             output.commit(result.data or b"")
         except FileExistsError:

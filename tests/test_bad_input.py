@@ -12,6 +12,7 @@ import pytest
 
 from client import (
     AlreadyExists,
+    FailedPrecondition,
     FrameRange,
     InvalidArgument,
     InvalidVideo,
@@ -188,6 +189,22 @@ def test_existing_output_is_kept(client: Any, twin: str, frames: np.ndarray) -> 
     assert os.path.getsize(first.path or "") == first.size_bytes
     replaced = client.encode(frames[:2], path=f"keep/{twin}.mp4", overwrite=True)
     assert replaced.frames == 2
+
+
+def test_a_file_in_the_way_of_the_output_is_an_output_error(
+    client: Any, twin: str, daemon: Daemon, frames: np.ndarray
+) -> None:
+    """The output root's own state (a file where a directory should be, a directory where
+    the file should be): FAILED_PRECONDITION / OUTPUT_ERROR, as an unwritable one is."""
+    daemon.output_dir.mkdir(exist_ok=True)
+    daemon.output_dir.joinpath(f"job-{twin}.mp4").write_bytes(b"keep")
+    daemon.output_dir.joinpath(f"dir-{twin}").mkdir()
+    for path in (f"job-{twin}.mp4/x.mp4", f"dir-{twin}"):
+        with pytest.raises(FailedPrecondition, match="directory") as info:
+            client.encode(frames, path=path, overwrite=True)
+        assert_refused(info.value, grpc.StatusCode.FAILED_PRECONDITION, Reason.OUTPUT_ERROR)
+    assert daemon.output_dir.joinpath(f"job-{twin}.mp4").read_bytes() == b"keep"
+    assert client.encode(frames).frames == len(frames)
 
 
 def test_symlink_escape(

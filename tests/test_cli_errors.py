@@ -62,10 +62,10 @@ def one_line_error(result: subprocess.CompletedProcess[str], code: int | None = 
 
 
 def usage_error(result: subprocess.CompletedProcess[str]) -> str:
-    """argparse's answer: the usage, then one `error:` line; status 2."""
-    assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr, result.stderr
-    return result.stderr.strip().splitlines()[-1]
+    """A usage mistake: one line naming it and pointing at --help; status 2."""
+    line = one_line_error(result, 2)
+    assert line.endswith("--help)"), line
+    return line
 
 
 def clip(path: Path, frames: int = 4) -> Path:
@@ -168,6 +168,14 @@ def test_value_range_takes_a_negative_value_after_a_space(daemon: Daemon, tmp_pa
     assert "-1,1" in cli(["encode", "--help"], tmp_path).stdout
     bad = usage_error(cli(["encode", "f.npy", "--value-range", "1,0"], tmp_path))
     assert "LOW must be below HIGH" in bad
+    # Left at 0..1, the video is encoded clipped, and the warning says so in flags.
+    result = cli(["encode", "f.npy", "-o", "f2.mp4", "--socket", daemon.socket], tmp_path)
+    assert result.returncode == 0, result.stderr
+    (warning,) = [line for line in result.stderr.splitlines() if line.strip()]
+    assert warning.startswith("video-sidecar: warning: ") and "--value-range -1,1" in warning
+    assert "value_range=" not in warning and ".py" not in warning
+    refused = cli(["encode", "f.npy", "--socket", daemon.socket, "--layout", "XYZ"], tmp_path)
+    assert "layout" in one_line_error(refused, 2)  # refused before any warning is due
 
 
 # -- 3. inputs ---------------------------------------------------------------------------
@@ -273,6 +281,17 @@ def test_a_bad_size_says_what_a_size_looks_like(tmp_path: Path) -> None:
     assert "16MiB" in line and "1GiB" in line and "parse_size" not in line
     line = one_line_error(cli(["config"], tmp_path, {"VIDEO_SIDECAR_SLAB_SIZE": "big"}), 2)
     assert "VIDEO_SIDECAR_SLAB_SIZE" in line and "16MiB" in line
+
+
+def test_slab_counts_and_sizes_a_pool_can_use(tmp_path: Path) -> None:
+    """A slab is whole pages, and a pool a bounded number of slabs: said before anything
+    is made (a million slabs once took 3.6 s and 422 MB before the /dev/shm check)."""
+    line = one_line_error(cli(["serve", "--slab-size", "1.3M"], tmp_path), 2)
+    assert "4KiB pages" in line and "1363968" in line
+    line = one_line_error(cli(["serve", "--slabs", "100000000"], tmp_path), 2)
+    assert "1 to 1024" in line
+    assert "socket path" in usage_error(cli(["health", "--socket", ""], tmp_path))
+    assert "must name a path" in one_line_error(cli(["serve", "--socket", ""], tmp_path), 2)
 
 
 def test_bad_numbers_are_usage_errors(tmp_path: Path) -> None:
@@ -384,7 +403,15 @@ def test_encode_takes_an_shm_prefix(tmp_path: Path) -> None:
 # -- 6c. Ctrl-C -----------------------------------------------------------------------------
 
 
-def test_ctrl_c_during_encode_is_one_line_and_stops_the_daemon(tmp_path: Path) -> None:
+STOPS = {  # signal: (status, last line)
+    signal.SIGINT: (130, "video-sidecar: interrupted"),
+    signal.SIGTERM: (143, "video-sidecar: stopped by SIGTERM"),  # a job's timeout, kill
+    signal.SIGHUP: (129, "video-sidecar: stopped by SIGHUP"),  # the terminal closed
+}
+
+
+@pytest.mark.parametrize("sig", list(STOPS), ids=lambda s: signal.Signals(s).name)
+def test_ctrl_c_during_encode_is_one_line_and_stops_the_daemon(tmp_path: Path, sig: int) -> None:
     # Noise at a slow preset: an encode that takes long enough to interrupt.
     rng = np.random.default_rng(0)
     np.save(tmp_path / "noise.npy", rng.integers(0, 256, (96, 360, 640, 3), dtype=np.uint8))
@@ -423,15 +450,16 @@ def test_ctrl_c_during_encode_is_one_line_and_stops_the_daemon(tmp_path: Path) -
                 except Exception:
                     pass
                 time.sleep(0.1)
-        os.killpg(proc.pid, signal.SIGINT)
+        os.killpg(proc.pid, sig)
         _, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert proc.returncode == 130, stderr
+    status, last_line = STOPS[sig]
+    assert proc.returncode == status, stderr
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
-    assert stderr.strip().splitlines()[-1] == "video-sidecar: interrupted"
+    assert stderr.strip().splitlines()[-1] == last_line
     assert "sidecar.server" not in stderr  # the daemon's log went to its file
     assert prefix_segments(prefix) == [], "the auto-started daemon left segments"
     assert not sock.exists() and not sock.parent.exists()
@@ -479,7 +507,7 @@ def test_demo_replaces_its_one_file(daemon: Daemon, tmp_path: Path) -> None:
 
     named = [*args, "-o", f"named-{os.getpid()}.mp4"]
     assert cli(named, tmp_path).returncode == 0
-    line = one_line_error(cli(named, tmp_path), 1)
+    line = one_line_error(cli(named, tmp_path), 2)  # as encode says it
     assert "exists" in line and "--overwrite" in line
     assert cli([*named, "--overwrite"], tmp_path).returncode == 0
 

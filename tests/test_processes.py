@@ -181,10 +181,13 @@ def test_a_process_that_dies_mid_encode_hands_the_frames_on(make_daemon) -> None
     encode_until_in_processes(d, clip)
     stop = threading.Event()
 
+    killed: list[int] = []
+
     def kill_now_and_then() -> None:
         while not stop.wait(0.15):
             for pid in encoder_processes(d)[:1]:
                 os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
 
     killer = threading.Thread(target=kill_now_and_then)
     killer.start()
@@ -204,6 +207,8 @@ def test_a_process_that_dies_mid_encode_hands_the_frames_on(make_daemon) -> None
         assert c.encode(clip).frames == 16
     assert failed <= 8, failed  # only where two processes died under the same request
     assert status.pool["active_leases"] <= 1
+    said = d.log()  # which process, and how it ended (reaped at once, or by the next check)
+    assert any(f"encoder process {pid} stopped (exit code -9" in said for pid in killed), said
 
 
 def test_processes_that_cannot_start_are_said_and_tried_less_often(  # type: ignore[no-untyped-def]

@@ -7,6 +7,8 @@ import shutil
 import socket
 import stat
 import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -41,6 +43,90 @@ def test_group_mode_for_slabs_and_socket(make_daemon, tmp_path: Path) -> None:
             assert os.stat(SHM_DIR / name).st_gid == os.getgid()
     assert mode(sock_dir) == 0o770
     assert mode(sock_dir / "s.sock") == 0o660
+
+
+def another_group() -> int:
+    """A group this process is not in by default, to give the daemon's files to."""
+    import grp
+
+    for entry in grp.getgrall():
+        if entry.gr_gid not in (0, os.getgid()):
+            return entry.gr_gid
+    pytest.skip("needs a group besides the process's own")
+
+
+needs_setpriv = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("setpriv"),
+    reason="needs root and setpriv (util-linux) to act as another user",
+)
+NOBODY = 65534
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A directory anyone may pass through (as /run is), unlike pytest's tmp_path."""
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="vs-group-"))
+    os.chmod(base, 0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@needs_setpriv
+def test_a_member_of_the_group_reaches_a_socket_in_a_directory_the_daemon_made(
+    make_daemon, open_dir: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """The directory the daemon makes for its socket is given to --shm-group too, not only
+    the socket: its members must be able to enter it."""
+    import grp
+
+    gid = another_group()
+    sock_dir = open_dir / "run"
+    d = make_daemon(shm_group=grp.getgrgid(gid).gr_name, socket=str(sock_dir / "s.sock"))
+    st = os.stat(sock_dir)
+    assert stat.S_IMODE(st.st_mode) == 0o770 and st.st_gid == gid
+    probe = (
+        "import sys; from client import SidecarClient\n"
+        "with SidecarClient(sys.argv[1], timeout=10) as c: print(c.health())"
+    )
+    member = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", f"--groups={gid}"]
+    stranger = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    for who, answers in ((member, "SERVING"), (stranger, None)):
+        run = subprocess.run(
+            [*who, sys.executable, "-c", probe, d.socket],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+        if answers:
+            assert run.stdout.strip() == answers, run.stderr
+        else:
+            assert run.returncode != 0 and "SERVING" not in run.stdout
+
+
+@needs_setpriv
+def test_a_daemon_outside_its_shm_group_says_so(make_daemon, open_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    import grp
+
+    group = grp.getgrgid(another_group()).gr_name
+    d = make_daemon(start=False, shm_group=group, socket=str(open_dir / "s.sock"))
+    for path in (open_dir, d.dir):
+        os.chown(path, NOBODY, NOBODY)
+    run = subprocess.run(
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *d.args()],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    assert run.returncode == 1
+    assert f"group {group!r} (--shm-group): the daemon's user is not in that group" in run.stderr
+    assert "Traceback" not in run.stderr and d.segments() == []
 
 
 def test_private_socket_directory(make_daemon, tmp_path: Path) -> None:
