@@ -32,7 +32,14 @@ import grpc
 from ._audio import prepare_audio
 from ._core import ClientCore
 from ._encode import encode, encode_leased
-from ._options import EncodeOptions, Fps, VideoFormat, VideoGeometry
+from ._options import (
+    EncodeOptions,
+    Fps,
+    VideoFormat,
+    VideoGeometry,
+    check_callbacks,
+    check_timeout,
+)
 from ._steps import Steps
 from ._stream import StreamCore
 from ._types import EncodeResult, FrameRange
@@ -66,6 +73,7 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
         seconds a lease may wait for room. `transport`: "auto" (shared memory, else
         inline), "shm" or "inline". `credentials`: `grpc.ssl_channel_credentials(...)`
         for a TCP target with TLS."""
+        check_timeout(timeout)
         self._core = ClientCore(
             target,
             client_name=client_name,
@@ -136,8 +144,8 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
         `AsyncSidecarClient.encode` is the same, awaited.
 
         Args:
-            video: a numpy array or torch tensor (CPU or CUDA) of uint8, float16, bfloat16
-                or float32. Frames are copied once, straight into leased shared memory;
+            video: a numpy array or torch tensor (CPU or CUDA) of uint8, float16, bfloat16,
+                float32 or float64. Frames are copied once, straight into leased shared memory;
                 CUDA tensors are converted on the GPU and copied device-to-host into the
                 lease. A video larger than half the pool goes as a stream, by itself.
             fps: frames per second, a number or (numerator, denominator).
@@ -203,6 +211,7 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
             SidecarError: the subclass says why (see the exception tree in `client`).
         """
         options = EncodeOptions.of(locals())
+        check_callbacks(timeout=timeout, on_progress=on_progress, on_chunk=on_chunk)
         fmt = VideoFormat(pixel_format, layout, value_range)
         steps = encode(
             self._core, video, options, fmt, audio, sample_rate, on_progress, timeout, on_chunk
@@ -255,6 +264,7 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
                 `s.chunks()` (from another thread, or task).
         """
         options = EncodeOptions.of(locals())
+        check_callbacks(on_progress=on_progress, on_chunk=on_chunk)
         pcm = prepare_audio(audio, sample_rate) if audio is not None else None
         declared = (sample_rate, channels) if pcm is None and sample_rate and channels else None
         core = StreamCore(
@@ -306,6 +316,7 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
         them with you.
         """
         options = EncodeOptions.of(locals())
+        check_callbacks(timeout=timeout, on_progress=on_progress)
         frames = VideoGeometry(width, height, pixel_format)
         steps = encode_leased(self._core, ranges, frames, options, on_progress, timeout)
         return self._result(steps)

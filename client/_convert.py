@@ -1,7 +1,7 @@
 """Turning what a model produced into frames the daemon takes, in bounded batches.
 
 A generation worker holds video as (T,H,W,C), (T,C,H,W), (C,T,H,W) or (B,C,T,H,W) with
-B=1, in uint8, float16, bfloat16 or float32, with values in [0, 1] or [-1, 1]. Here it is
+B=1, in uint8, float16, bfloat16, float32 or float64, with values in [0, 1] or [-1, 1]. Here it is
 brought to the wire format: uint8 RGB (T,H,W,3), or 4:2:0 YUV (T,H*3/2,W) in BT.709
 limited range. The same code runs on numpy arrays and on torch tensors (CPU or CUDA), one
 batch of frames at a time, so a large bf16 video never has a full float32 copy.

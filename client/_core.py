@@ -30,14 +30,16 @@ from ._audio import Pcm
 from ._convert import Conversion
 from ._cuda import CudaHost, CudaVideo
 from ._errors import (
+    FailedPrecondition,
     NotFound,
+    OutOfRange,
     ServerError,
     SidecarError,
     SidecarUnavailable,
     error_from_session,
 )
 from ._framed import framed_path
-from ._options import VideoFormat
+from ._options import VideoFormat, check_timeout, whole
 from ._results import attachment_from_proto, status_from_proto
 from ._slabs import SlabMap
 from ._steps import Call, Exchange, Exclusive, Steps
@@ -241,10 +243,19 @@ class ClientCore:
     # -- leases --------------------------------------------------------------------------
 
     def lease(self, nbytes: int, wait: float | None = None) -> Steps[Lease]:
+        if whole("nbytes", nbytes, -(2**63), 2**64 - 1) <= 0:
+            raise OutOfRange(f"lease size must be positive, got {nbytes}")  # as the daemon
+        if wait is not None:
+            check_timeout(wait or None, "wait")  # 0: do not wait
         return (yield from self.reattached(lambda: self._lease(nbytes, wait)))
 
     def _lease(self, nbytes: int, wait: float | None) -> Steps[Lease]:
         att = yield from self.attach()
+        if self.inline:
+            raise FailedPrecondition(
+                "leases are regions of the daemon's shared memory, which this client does not "
+                "map (transport='inline', or the slabs are out of its reach); use encode()"
+            )
         wait_s = self.lease_wait if wait is None else wait
         request = pb.LeaseRequest(
             client_token=att.client_token, size=nbytes, wait_ms=int(wait_s * 1e3)
@@ -261,8 +272,15 @@ class ClientCore:
         lease_id = lease if isinstance(lease, str) else lease.id
         att = yield from self.attach()
         request = pb.ReleaseRequest(client_token=att.client_token, lease_id=lease_id)
-        with contextlib.suppress(NotFound):
+        try:
             yield from self._unary("Release", request, self.unary_timeout)
+        except NotFound:
+            pass
+        except SidecarError as err:
+            # The daemon does not know our token: it restarted, and every lease of the
+            # token went with it. The next call that needs one attaches anew.
+            if err.reason is not Reason.NOT_ATTACHED:
+                raise
 
     def _unary(
         self, method: str, request: pb.LeaseRequest | pb.ReleaseRequest, timeout: float
@@ -313,10 +331,13 @@ class ClientCore:
             return None, None
         lease, granted_before = spare
         att = self.attachment
-        fresh = att is not None and time.monotonic() - granted_before < att.lease_ttl / 2
+        age = time.monotonic() - granted_before
+        fresh = att is not None and age < att.lease_ttl / 2
         if fresh and lease.size >= nbytes:
             return lease, None
-        return None, lease if fresh else None
+        # Not used: given back while it may still be held (the daemon never renews a
+        # spare; it expires a TTL after it was granted), so that it leaves the pool now.
+        return None, lease if att is not None and age < att.lease_ttl else None
 
     def keep_spare(self, lease: pb.LeaseResponse | None, asked_at: float) -> Steps[None]:
         """Keep the newest spare; one it displaces (concurrent requests) goes back."""

@@ -170,6 +170,31 @@ def _call_encode(
     sending it and reading the reply on the framed socket; any other way waits for them
     first."""
     asked_at = time.monotonic()
+    try:
+        yield from _ask(core, request, builder, timeout, small, landing)
+    except GeneratorExit:
+        raise
+    except BaseException:
+        # A reply that came (a callback of the caller's raised on it, the deadline fell
+        # after it) may have handed us the output's lease or the next request's: give
+        # them back, or they stay held until the TTL.
+        handed = {lease.lease_id for lease in (builder.data_lease, builder.next_lease) if lease}
+        yield from core.give_back(sorted(handed - {""}))
+        raise
+    clock.stop()
+    yield from core.keep_spare(builder.next_lease, asked_at)
+    return builder.result(clock)
+
+
+def _ask(
+    core: ClientCore,
+    request: pb.EncodeRequest,
+    builder: ResultBuilder,
+    timeout: float | None,
+    small: bool,
+    landing: FramesLanding | None,
+) -> Steps[None]:
+    """Send the request and take every reply into `builder`, the output included."""
     deadline = timeout or core.timeout
     while not builder.wants_events and not builder.has_result:
         way = core.one_reply_way(deadline)
@@ -199,11 +224,9 @@ def _call_encode(
     if builder.data_lease is not None:  # the output came back through shared memory
         lease = core.leased(builder.data_lease)
         builder.take_from_lease(lease.array)
-        if not builder.data_in_next_lease:  # else it is the spare, kept below
+        if not builder.data_in_next_lease:  # else it is the spare, kept by the caller
             yield from core.give_back([lease])
-    clock.stop()
-    yield from core.keep_spare(builder.next_lease, asked_at)
-    return builder.result(clock)
+            builder.data_lease = None
 
 
 class FramesLanding:

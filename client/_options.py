@@ -9,6 +9,8 @@ agree with these fields: names, defaults and types.
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -50,8 +52,26 @@ class EncodeOptions:
         return cls(**{f.name: arguments[f.name] for f in dataclasses.fields(cls)})
 
     def __post_init__(self) -> None:
+        self.check()
         if not self.request_id:
             object.__setattr__(self, "request_id", new_request_id())
+
+    def check(self) -> None:
+        """Refuse, naming the parameter, what cannot even be put into a request (a wrong
+        type, NaN, a number the field cannot hold); the daemon judges the rest."""
+        fps_rational(self.fps)
+        for name in ("container", "codec", "request_id"):
+            _of_type(name, getattr(self, name), str, "a string")
+        for name in ("path", "preset"):
+            if getattr(self, name) is not None:
+                _of_type(name, getattr(self, name), str, "a string or None")
+        _of_type("overwrite", self.overwrite, bool, "True or False")
+        for name in ("crf", "gop"):
+            if getattr(self, name) is not None:
+                whole(name, getattr(self, name), -(2**31), 2**31 - 1)
+        whole("threads", self.threads, 0, 2**32 - 1)
+        if self.extra is not None:
+            _of_type("extra", self.extra, Mapping, "a mapping of option names to values")
 
     def request(
         self,
@@ -166,9 +186,53 @@ def pixel_format_proto(name: str) -> pb.PixelFormat:
 
 
 def fps_rational(fps: Fps) -> pb.Rational:
+    """`fps` as the request's rational; InvalidArgument for what cannot be one."""
     if isinstance(fps, tuple):
-        num, den = fps
+        if len(fps) != 2:
+            raise InvalidArgument(f"fps as a tuple is (numerator, denominator), got {fps!r}")
+        num, den = (whole("fps", part, 1, 2**63 - 1) for part in fps)
     else:
+        if isinstance(fps, bool) or not isinstance(fps, numbers.Real):
+            raise InvalidArgument(f"fps must be a number or (num, den), got {fps!r}")
+        if not (math.isfinite(fps) and fps > 0):
+            raise InvalidArgument(f"fps must be a finite positive number, got {fps!r}")
         rate = Fraction(fps).limit_denominator(1001 * 1000)
         num, den = rate.numerator, rate.denominator
+        if num == 0:
+            raise InvalidArgument(f"fps {fps!r} is too small to encode")
+        if num > 2**63 - 1:
+            raise InvalidArgument(f"fps {fps!r} is too large to encode")
     return pb.Rational(num=num, den=den)
+
+
+def whole(name: str, value: Any, low: int, high: int) -> int:
+    """`value` as an int in [low, high], numpy's integers too; InvalidArgument naming
+    `name` otherwise (a float, a bool, a string...)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InvalidArgument(f"{name} must be a whole number, got {value!r}")
+    if not low <= int(value) <= high:
+        raise InvalidArgument(f"{name} must be {low} to {high}, got {value}")
+    return int(value)
+
+
+def check_timeout(timeout: Any, name: str = "timeout") -> None:
+    """None (the client's default), or a finite number of seconds over 0."""
+    if timeout is None:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise InvalidArgument(f"{name} must be a number of seconds or None, got {timeout!r}")
+    if not (math.isfinite(seconds := float(timeout)) and seconds > 0):
+        raise InvalidArgument(f"{name} must be a finite number of seconds over 0, got {timeout!r}")
+
+
+def check_callbacks(timeout: Any = None, **callbacks: Any) -> None:
+    """A public call's `timeout` and its callbacks (each None or callable)."""
+    check_timeout(timeout)
+    for name, callback in callbacks.items():
+        if callback is not None and not callable(callback):
+            raise InvalidArgument(f"{name} must be callable or None, got {callback!r}")
+
+
+def _of_type(name: str, value: Any, kind: Any, what: str) -> None:
+    if not isinstance(value, kind):
+        raise InvalidArgument(f"{name} must be {what}, got {value!r}")

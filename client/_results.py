@@ -116,14 +116,15 @@ class ResultBuilder:
 
     def take_result(self, result: pb.EncodeResult) -> None:
         """The result: the last reply of a stream, or EncodeOnce's only one."""
-        data = result.data  # each read of a bytes field is a copy
-        if data:  # the output, sent with the result
-            self._take_chunk(data)
-        self._result = result
+        # The leases first: a callback below that raises must not make us forget them.
         if result.HasField("data_lease"):
             self.data_lease = result.data_lease
         if result.HasField("next_lease"):
             self.next_lease = result.next_lease
+        data = result.data  # each read of a bytes field is a copy
+        if data:  # the output, sent with the result
+            self._take_chunk(data)
+        self._result = result
         if self._on_progress is not None:
             self._on_progress(result.frames, result.frames)
 

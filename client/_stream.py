@@ -30,7 +30,7 @@ from sidecar.vocabulary import SAMPLE_FORMATS
 
 from ._audio import Pcm, prepare_audio
 from ._core import ClientCore
-from ._errors import InvalidArgument, SidecarError, error_from_rpc
+from ._errors import Cancelled, InvalidArgument, SidecarError, error_from_rpc
 from ._options import EncodeOptions, VideoFormat, VideoGeometry
 from ._plan import copy_step, plan_ranges
 from ._results import Clock, ResultBuilder
@@ -75,6 +75,7 @@ class StreamCore:
         self.geometry: VideoGeometry | None = None
         self.call: Any = None  # the driver's handle, once the header is sent
         self.closed = False
+        self.cancelled = False
         # Leases this stream took; after a cancel, the ones the daemon never received are
         # given back (the others the daemon frees itself).
         self.leased: list[str] = []
@@ -186,9 +187,11 @@ class StreamCore:
     def close(self, audio: Any = None, sample_rate: int | None = None) -> Steps[EncodeResult]:
         """Finish the stream (optionally with the declared audio track); the result."""
         if self.closed:
+            if self.cancelled:  # whatever the call's end looked like to either driver
+                raise Cancelled("the stream was cancelled")
             if self.result is None:
                 self.raise_if_failed()
-                raise InvalidArgument("the stream was cancelled")
+                raise InvalidArgument("the stream was closed without a result")
             return self.result
         self.closed = True
         if self.call is None:
@@ -226,6 +229,7 @@ class StreamCore:
         """Abandon the stream; the daemon frees every lease it was given, and the ones it
         never received go back."""
         self.closed = True
+        self.cancelled = self.result is None
         if self.call is not None:
             yield OnStream(self.call, "abort")
         yield from self.client.give_back(self.leased)

@@ -213,7 +213,7 @@ def prepare_video(
 
     dtype = dtype_name(video)
     if dtype != "uint8" and dtype not in FLOAT_DTYPES:
-        raise InvalidVideo(f"dtype {dtype}: expected uint8, float16, bfloat16 or float32")
+        raise InvalidVideo(f"dtype {dtype}: expected uint8, float16, bfloat16, float32 or float64")
 
     if is_planar420(pixel_format) and video.ndim == 3:
         if torch is not None or dtype != "uint8" or video.shape[1] % 3:

@@ -4,7 +4,8 @@ Pure bookkeeping (no shared memory, no gRPC), safe to call from the event loop a
 encoder threads. A lease is
 
     HELD      granted to a client, which is writing frames into it; expires once the
-              client has made no call for the TTL (every call renews its leases)
+              client has made no call for the TTL (every call renews its leases; one
+              handed over in a result, a TTL after it was granted unless used)
     ENCODING  handed to an encode; never expires, freed as soon as its frames are consumed
 
 A client may release a lease an encode holds: it is freed when the encode lets go of it,
@@ -38,6 +39,9 @@ class Lease:
     expires_at: float
     encoding: bool = False
     spare: bool = False  # granted with a result for the client's next request
+    # Handed over inside a reply (a spare, an output's lease) that the client may never
+    # have read: its calls do not renew it until it uses or releases it.
+    unclaimed: bool = False
     released: bool = False  # released by its client while an encode held it
 
 
@@ -78,8 +82,11 @@ class LeaseTable:
 
     # -- granting and giving back --------------------------------------------------------
 
-    def grant(self, owner: str, size: int, *, spare: bool = False) -> Lease | None:
-        """A lease of at least `size` bytes, or None if no slab has room right now."""
+    def grant(
+        self, owner: str, size: int, *, spare: bool = False, in_reply: bool = False
+    ) -> Lease | None:
+        """A lease of at least `size` bytes, or None if no slab has room right now.
+        `in_reply`: it goes to the client inside an encode's result (a spare always)."""
         if size <= 0:
             raise OutOfRange(f"lease size must be positive, got {size}")
         if size > self.slab_size:
@@ -100,6 +107,7 @@ class LeaseTable:
                         size=length,
                         expires_at=self._clock() + self.ttl,
                         spare=spare,
+                        unclaimed=spare or in_reply,
                     )
                     self._leases[lease.id] = lease
                     self._by_owner.setdefault(owner, {})[lease.id] = lease
@@ -109,11 +117,17 @@ class LeaseTable:
 
     def renew(self, owner: str) -> None:
         """Push back the expiry of every held lease of `owner`: a client that calls is
-        alive, and only the leases of clients that went silent may be reclaimed."""
+        alive, and only the leases of clients that went silent may be reclaimed.
+
+        Not one handed over in a result that its client has not used yet (a spare, an
+        output's lease): the reply may never have been read (the client gave up on it),
+        and the client's other calls would keep it for good. A client copies an output out
+        at once, and uses a spare well within the TTL or gives it back."""
         until = self._clock() + self.ttl
         with self._lock:
             for lease in self._by_owner.get(owner, {}).values():
-                lease.expires_at = until
+                if not lease.unclaimed:
+                    lease.expires_at = until
 
     def lookup(self, owner: str, lease_id: str) -> Lease:
         with self._lock:
@@ -139,6 +153,7 @@ class LeaseTable:
                     raise LeaseBusy(f"lease {lease.id} is already in use by another encode")
             for lease in leases:
                 lease.encoding = True
+                lease.unclaimed = False  # its client has it: renewed from now on
         return leases
 
     def untake(self, leases: Sequence[Lease]) -> None:

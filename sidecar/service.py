@@ -345,7 +345,7 @@ class Sidecar:
         """A lease for `token` (of `size` bytes, else the output's) holding the bytes output
         at its start, or None (no room: send it another way)."""
         try:
-            lease = self.leases.grant(token, size or outcome.size_bytes, spare=spare)
+            lease = self.leases.grant(token, size or outcome.size_bytes, spare=spare, in_reply=True)
         except OutOfRange:  # larger than a slab
             return None
         if lease is None:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from client import InvalidVideo
+from client import InvalidArgument, InvalidVideo, OutOfRange
 from client._convert import frames_view, range_warning
 from client._layout import guess_layout
 from client._video import ArrayVideo
@@ -276,3 +276,53 @@ def test_unknown_keywords_still_name_encode(client: Any, twin: str) -> None:
     name = {"sync": "SidecarClient", "async": "AsyncSidecarClient"}[twin]
     with pytest.raises(TypeError, match=rf"^{name}\.encode\(\) got an unexpected .* 'on_chunks'"):
         client.encode(moving_pattern(2, H, W), on_chunks=print)
+
+
+# -- parameters of the wrong type or beyond what a request can hold ------------------------
+
+BAD_PARAMETERS = [
+    ({"fps": float("nan")}, "fps"),
+    ({"fps": float("inf")}, "fps"),
+    ({"fps": None}, "fps"),
+    ({"fps": ("a", 1)}, "fps"),
+    ({"fps": (1, 2, 3)}, "fps"),
+    ({"fps": (24, 0)}, "fps"),
+    ({"fps": 1e-9}, "fps"),
+    ({"fps": True}, "fps"),
+    ({"crf": 20.5}, "crf"),
+    ({"crf": "20"}, "crf"),
+    ({"crf": 2**40}, "crf"),
+    ({"gop": 1.0}, "gop"),
+    ({"threads": -1}, "threads"),
+    ({"threads": 2**40}, "threads"),
+    ({"timeout": -1}, "timeout"),
+    ({"timeout": 0}, "timeout"),
+    ({"timeout": float("nan")}, "timeout"),
+    ({"timeout": "5"}, "timeout"),
+    ({"container": 4}, "container"),
+    ({"path": b"x.mp4"}, "path"),
+    ({"overwrite": "yes"}, "overwrite"),
+    ({"extra": ["crf"]}, "extra"),
+    ({"on_progress": "print"}, "on_progress"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "name"), BAD_PARAMETERS, ids=lambda v: repr(v)[:30])
+def test_a_parameter_a_request_cannot_hold_is_invalid_argument(
+    client: Any, kwargs: dict[str, Any], name: str
+) -> None:
+    """The client's own exception, naming the parameter, in both twins alike; never a
+    TypeError or ValueError from protobuf or gRPC. The daemon judges the rest."""
+    clip = np.zeros((2, 32, 32, 3), np.uint8)
+    with pytest.raises(InvalidArgument, match=name):
+        client.encode(clip, **kwargs)
+    assert client.encode(clip).frames == 2
+
+
+def test_lease_sizes_and_waits_a_request_cannot_hold(client: Any) -> None:
+    for nbytes, error in ((-1, OutOfRange), (0, OutOfRange), (1.5, InvalidArgument)):
+        with pytest.raises(error):
+            client.lease(nbytes)
+    with pytest.raises(InvalidArgument, match="wait"):
+        client.lease(4096, wait=-1)
+    client.release(client.lease(4096, wait=0))

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import grpc
+import numpy as np
 import pytest
 
+from client import DeadlineExceeded, FailedPrecondition
 from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
 
@@ -28,3 +31,75 @@ def test_calls_renew_leases_and_silence_reclaims_them(make_daemon) -> None:  # t
         with pytest.raises(grpc.RpcError) as err:
             s.Release(pb.ReleaseRequest(client_token=quiet, lease_id=lost.lease_id))
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+# -- leases handed over in results --------------------------------------------------------
+
+
+def test_a_client_sending_now_and_then_keeps_at_most_one_spare(make_daemon, connect) -> None:  # type: ignore[no-untyped-def]
+    """Requests further apart than half the TTL (a generation server's pace): the spare of
+    each is too old to use. It goes back, and none piles up under the client's calls."""
+    d = make_daemon(lease_ttl=2)
+    clip = np.zeros((4, 64, 64, 3), np.uint8)
+    with connect(d) as c, d.client() as watcher:
+        held = []
+        for _ in range(5):
+            c.encode(clip)
+            time.sleep(1.2)
+            held.append(watcher.status().pool["active_leases"])
+    assert max(held) <= 1, held  # 1, 2, 3, 4, 5 before: each renewed by the next call
+
+
+def callback_that_breaks(*_: object) -> None:
+    raise RuntimeError("a bug in the caller's progress bar")
+
+
+@pytest.mark.parametrize("callback", ["on_progress", "on_chunk"])
+def test_a_callback_that_raises_leaves_no_lease_behind(  # type: ignore[no-untyped-def]
+    make_daemon, connect, callback: str
+) -> None:
+    d = make_daemon()
+    clip = np.zeros((20, 256, 320, 3), np.uint8)
+    with connect(d) as c, d.client() as watcher:
+        for _ in range(6):  # more than the pool holds leases of this size
+            with pytest.raises(RuntimeError, match="progress bar"):
+                c.encode(clip, **{callback: callback_that_breaks})
+            assert watcher.status().pool["active_leases"] == 0
+        assert c.encode(clip).frames == 20
+
+
+def test_release_after_the_daemon_restarted_is_not_an_error(make_daemon, connect) -> None:  # type: ignore[no-untyped-def]
+    d = make_daemon()
+    with connect(d) as c:
+        lease = c.lease(4096)
+        assert d.stop() == 0
+        d.start()
+        c.release(lease)  # it went with the daemon that granted it
+        assert c.encode(np.zeros((2, 64, 64, 3), np.uint8)).frames == 2
+
+
+def test_an_inline_client_cannot_lease(make_daemon, connect) -> None:  # type: ignore[no-untyped-def]
+    d = make_daemon()
+    with connect(d, transport="inline") as c, d.client() as watcher:
+        with pytest.raises(FailedPrecondition, match="inline"):
+            c.lease(4096)
+        assert watcher.status().pool["active_leases"] == 0
+        assert c.encode(np.zeros((2, 64, 64, 3), np.uint8)).frames == 2
+
+
+def test_deadlines_that_fall_as_results_come_leave_no_lease_for_good(make_daemon, connect) -> None:  # type: ignore[no-untyped-def]
+    """A deadline at any point of an encode: a result already on its way may carry the
+    next request's lease. The client gives back what it got; what it never read expires
+    a TTL after it was granted, however busy the client stays."""
+    d = make_daemon(lease_ttl=2)
+    clip = np.zeros((20, 256, 320, 3), np.uint8)
+    small = np.zeros((2, 64, 64, 3), np.uint8)
+    with connect(d) as c, d.client() as watcher:
+        for step in range(1, 17):
+            with contextlib.suppress(DeadlineExceeded):
+                c.encode(clip, timeout=0.02 * step)
+        deadline = time.monotonic() + 3.0  # a TTL and then some, the client busy all along
+        while time.monotonic() < deadline:
+            c.encode(small)
+            time.sleep(0.2)
+        assert watcher.status().pool["active_leases"] <= 1  # at most the spare just granted

@@ -162,3 +162,25 @@ def test_a_call_from_the_owner_renews_its_held_leases() -> None:
     clock.now += 11
     assert t.expire() == [mine]
     assert t.owners() == set()
+
+
+@pytest.mark.parametrize("kind", [{"spare": True}, {"in_reply": True}])
+def test_a_lease_handed_over_in_a_result_is_not_renewed_until_its_client_uses_it(
+    kind: dict[str, bool],
+) -> None:
+    """The result that carried it may never have been read: the client's other calls
+    must not keep it for good. Once the client puts it to use, it is renewed as any."""
+    clock = Clock()
+    t = table(clock)
+    lost, used = t.grant("me", 4096, **kind), t.grant("me", 4096, **kind)
+    assert lost is not None and used is not None
+    clock.now += 6
+    t.take("me", [used.id])
+    t.untake([used])  # the encode was refused: the client holds it again
+    for _ in range(3):
+        clock.now += 3
+        t.renew("me")
+    assert t.expire() == [lost]  # a TTL after it was granted, whatever the calls
+    clock.now += 8
+    t.renew("me")
+    assert t.expire() == [] and t.lookup("me", used.id) is used

@@ -14,7 +14,14 @@ import av
 import numpy as np
 import pytest
 
-from client import DeadlineExceeded, InvalidArgument, OutOfRange, Reason, ResourceExhausted
+from client import (
+    Cancelled,
+    DeadlineExceeded,
+    InvalidArgument,
+    OutOfRange,
+    Reason,
+    ResourceExhausted,
+)
 from client.patterns import moving_pattern
 
 from .helpers import Daemon, decode, psnr
@@ -288,3 +295,15 @@ def test_writing_a_different_size_is_refused(client: Any, video: np.ndarray) -> 
     with pytest.raises(InvalidArgument, match="chunk is"), client.stream(fps=24) as s:
         s.write(video[:6])
         s.write(moving_pattern(6, 64, 64))
+
+
+def test_closing_a_cancelled_stream_says_it_was_cancelled(make_daemon, connect) -> None:  # type: ignore[no-untyped-def]
+    """The same error from both clients, in the project's words, and nothing held."""
+    d = make_daemon()
+    with connect(d) as c:
+        s = c.stream(fps=24)
+        s.write(np.zeros((4, 64, 64, 3), np.uint8))
+        s.cancel()
+        with pytest.raises(Cancelled, match=r"^the stream was cancelled$"):
+            s.close()
+        assert wait_for_idle(c, timeout=10).pool["active_leases"] == 0
