@@ -134,7 +134,7 @@ class AsyncSidecarClient(ClientApi[Coroutine[Any, Any, EncodeResult], "AsyncVide
 
     async def lease(self, nbytes: int, *, wait: float | None = None) -> Lease:
         """Lease a region of at least `nbytes`; waits up to `wait` seconds for room."""
-        return await self._run(self._core.lease(nbytes, wait))
+        return await self._run(self._core.lease_for_caller(nbytes, wait))
 
     async def release(self, lease: Lease | str) -> None:
         """Give a lease back. Releasing one the daemon already freed is not an error."""

@@ -32,14 +32,13 @@ from ._cuda import CudaHost, CudaVideo
 from ._errors import (
     FailedPrecondition,
     NotFound,
-    OutOfRange,
     ServerError,
     SidecarError,
     SidecarUnavailable,
     error_from_session,
 )
 from ._framed import framed_path
-from ._options import VideoFormat, check_timeout, whole
+from ._options import VideoFormat, check_lease
 from ._results import attachment_from_proto, status_from_proto
 from ._slabs import SlabMap
 from ._steps import Call, Exchange, Exclusive, Steps
@@ -242,20 +241,22 @@ class ClientCore:
 
     # -- leases --------------------------------------------------------------------------
 
-    def lease(self, nbytes: int, wait: float | None = None) -> Steps[Lease]:
-        if whole("nbytes", nbytes, -(2**63), 2**64 - 1) <= 0:
-            raise OutOfRange(f"lease size must be positive, got {nbytes}")  # as the daemon
-        if wait is not None:
-            check_timeout(wait or None, "wait")  # 0: do not wait
-        return (yield from self.reattached(lambda: self._lease(nbytes, wait)))
-
-    def _lease(self, nbytes: int, wait: float | None) -> Steps[Lease]:
-        att = yield from self.attach()
+    def lease_for_caller(self, nbytes: int, wait: float | None) -> Steps[Lease]:
+        """`lease()` of either client: checked, and only where the slabs are mapped."""
+        check_lease(nbytes, wait)
+        yield from self.attach()  # learns whether the slabs can be mapped here
         if self.inline:
             raise FailedPrecondition(
                 "leases are regions of the daemon's shared memory, which this client does not "
                 "map (transport='inline', or the slabs are out of its reach); use encode()"
             )
+        return (yield from self.lease(nbytes, wait))
+
+    def lease(self, nbytes: int, wait: float | None = None) -> Steps[Lease]:
+        return (yield from self.reattached(lambda: self._lease(nbytes, wait)))
+
+    def _lease(self, nbytes: int, wait: float | None) -> Steps[Lease]:
+        att = yield from self.attach()
         wait_s = self.lease_wait if wait is None else wait
         request = pb.LeaseRequest(
             client_token=att.client_token, size=nbytes, wait_ms=int(wait_s * 1e3)
@@ -276,9 +277,7 @@ class ClientCore:
             yield from self._unary("Release", request, self.unary_timeout)
         except NotFound:
             pass
-        except SidecarError as err:
-            # The daemon does not know our token: it restarted, and every lease of the
-            # token went with it. The next call that needs one attaches anew.
+        except SidecarError as err:  # NOT_ATTACHED: the daemon restarted, the lease with it
             if err.reason is not Reason.NOT_ATTACHED:
                 raise
 
@@ -335,8 +334,7 @@ class ClientCore:
         fresh = att is not None and age < att.lease_ttl / 2
         if fresh and lease.size >= nbytes:
             return lease, None
-        # Not used: given back while it may still be held (the daemon never renews a
-        # spare; it expires a TTL after it was granted), so that it leaves the pool now.
+        # Unused: back while it may be held (the daemon expires it a TTL after granting).
         return None, lease if att is not None and age < att.lease_ttl else None
 
     def keep_spare(self, lease: pb.LeaseResponse | None, asked_at: float) -> Steps[None]:

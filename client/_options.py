@@ -20,7 +20,7 @@ from typing import Any, cast
 from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.vocabulary import CONTAINERS, PIXEL_FORMATS
 
-from ._errors import InvalidArgument
+from ._errors import InvalidArgument, OutOfRange
 from ._types import FrameRange
 
 Fps = float | Fraction | tuple[int, int]
@@ -190,7 +190,7 @@ def fps_rational(fps: Fps) -> pb.Rational:
     if isinstance(fps, tuple):
         if len(fps) != 2:
             raise InvalidArgument(f"fps as a tuple is (numerator, denominator), got {fps!r}")
-        num, den = (whole("fps", part, 1, 2**63 - 1) for part in fps)
+        num, den = (whole("fps", part, -(2**63), 2**63 - 1) for part in fps)
     else:
         if isinstance(fps, bool) or not isinstance(fps, numbers.Real):
             raise InvalidArgument(f"fps must be a number or (num, den), got {fps!r}")
@@ -223,6 +223,15 @@ def check_timeout(timeout: Any, name: str = "timeout") -> None:
         raise InvalidArgument(f"{name} must be a number of seconds or None, got {timeout!r}")
     if not (math.isfinite(seconds := float(timeout)) and seconds > 0):
         raise InvalidArgument(f"{name} must be a finite number of seconds over 0, got {timeout!r}")
+
+
+def check_lease(nbytes: Any, wait: Any) -> None:
+    """`lease(nbytes, wait=)`: a whole number of bytes over 0 (OutOfRange, as the daemon
+    says it, for 0 and less), a wait of seconds (0: do not wait) or None."""
+    if whole("nbytes", nbytes, -(2**63), 2**64 - 1) <= 0:
+        raise OutOfRange(f"lease size must be positive, got {nbytes}")
+    if wait is not None and wait != 0:
+        check_timeout(wait, "wait")
 
 
 def check_callbacks(timeout: Any = None, **callbacks: Any) -> None:

@@ -107,7 +107,7 @@ class SidecarClient(ClientApi[EncodeResult, "VideoStream"]):
 
     def lease(self, nbytes: int, *, wait: float | None = None) -> Lease:
         """Lease a region of at least `nbytes`; waits up to `wait` seconds for room."""
-        return self._run(self._core.lease(nbytes, wait))
+        return self._run(self._core.lease_for_caller(nbytes, wait))
 
     def release(self, lease: Lease | str) -> None:
         """Give a lease back. Releasing one the daemon already freed is not an error."""

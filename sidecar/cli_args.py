@@ -10,7 +10,7 @@ from typing import Any, NoReturn
 
 from . import __version__
 from .config import Config
-from .config_values import default_socket
+from .config_values import SHM_PREFIX, SHM_PREFIX_RULE, default_socket
 
 BOOLEAN_FLAGS_NOTE = (
     "Boolean settings are bare flags with a --no- form (--insecure, --no-insecure); the "
@@ -117,11 +117,18 @@ def _add_socket(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--socket", metavar="PATH", type=_address, help=_socket_help())
 
 
+def _shm_prefix(text: str) -> str:
+    if text and not re.fullmatch(SHM_PREFIX, text):
+        raise argparse.ArgumentTypeError(SHM_PREFIX_RULE.removeprefix("shm_prefix "))
+    return text
+
+
 def _add_shm_prefix(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--shm-prefix",
         default="",
         metavar="NAME",
+        type=_shm_prefix,
         help=(
             "shm prefix for a daemon this command starts when none answers at --socket "
             f"[default: {Config.env_name('shm_prefix')}, else video-sidecar-$UID for the "

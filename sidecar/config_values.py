@@ -133,6 +133,8 @@ def default_encoder_processes() -> int:
     return 0 if cores < 2 else min(16, max(3, cores))
 
 
+SHM_PREFIX = r"[A-Za-z0-9_-]{1,64}"  # it names files in /dev/shm
+SHM_PREFIX_RULE = "shm_prefix may hold only letters, digits, '_' and '-' (1-64)"
 PAGE = 4096  # slabs are mapped whole; a lease's offset and size are pages too
 # Every worker maps and registers each slab, and a lease looks for room slab by slab: a
 # few large slabs, not many small ones (a million took 3.6 s and 422 MB before the
@@ -164,8 +166,8 @@ def config_problems(c: Any) -> list[str]:
         problems.append("idle_release must be positive")
     if c.lease_ttl <= 0 or c.max_lease_wait < 0 or c.shutdown_grace < 0:
         problems.append("lease_ttl must be positive; max_lease_wait, shutdown_grace >= 0")
-    if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", c.shm_prefix):
-        problems.append("shm_prefix may hold only letters, digits, '_' and '-' (1-64)")
+    if not re.fullmatch(SHM_PREFIX, c.shm_prefix):
+        problems.append(SHM_PREFIX_RULE)
     if c.log_level.lower() not in {"debug", "info", "warning", "error"}:
         problems.append("log_level must be debug, info, warning or error")
     if min(c.max_frames, c.max_width, c.max_height, c.max_request_bytes) < 1:
@@ -178,10 +180,11 @@ def config_problems(c: Any) -> list[str]:
         problems.append(
             "listening on TCP needs TLS (--tls-cert, --tls-key) or an explicit --insecure"
         )
-    if c.metrics and not re.fullmatch(r"\[?[\w.:-]*\]?:\d{1,5}", c.metrics):
-        problems.append(f"metrics must be HOST:PORT, got {c.metrics!r}")
-    if c.tcp and not re.fullmatch(r"\[?[\w.:-]*\]?:\d{1,5}", c.tcp):
-        problems.append(f"tcp must be HOST:PORT, got {c.tcp!r}")
+    for name in ("metrics", "tcp"):
+        address = getattr(c, name)
+        match = re.fullmatch(r"\[?[\w.:-]*\]?:(\d{1,5})", address) if address else None
+        if address and (match is None or not 0 < int(match[1]) < 65536):
+            problems.append(f"{name} must be HOST:PORT with a port of 1 to 65535, got {address!r}")
     return problems
 
 

@@ -294,6 +294,16 @@ def test_slab_counts_and_sizes_a_pool_can_use(tmp_path: Path) -> None:
     assert "must name a path" in one_line_error(cli(["serve", "--socket", ""], tmp_path), 2)
 
 
+def test_names_and_ports_are_checked_before_anything_starts(tmp_path: Path) -> None:
+    """Exit 2 and nothing made: not a daemon started, then refused (status 1)."""
+    assert "letters, digits" in usage_error(
+        cli(["encode", "x.npy", "--shm-prefix", "a/b"], tmp_path)
+    )
+    for flag in ("--tcp", "--metrics"):
+        result = cli(["serve", flag, "127.0.0.1:99999", "--insecure"], tmp_path)
+        assert "port of 1 to 65535" in one_line_error(result, 2)
+
+
 def test_bad_numbers_are_usage_errors(tmp_path: Path) -> None:
     assert "positive" in usage_error(cli(["health", "--timeout", "-1"], tmp_path))
     assert "positive" in usage_error(cli(["encode", "x.npy", "--fps", "0"], tmp_path))

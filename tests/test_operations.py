@@ -109,7 +109,7 @@ def test_encode_command(daemon, tmp_path: Path) -> None:
 def test_encode_command_bad_input(daemon, tmp_path: Path) -> None:
     np.save(tmp_path / "bad.npy", np.zeros((2, 3), np.uint8))
     result = run(["encode", str(tmp_path / "bad.npy"), "--socket", daemon.socket])
-    assert result.returncode == 1 and "InvalidVideo" in result.stderr
+    assert result.returncode == 2 and "InvalidVideo" in result.stderr  # an input problem
     assert run(["encode", str(tmp_path / "missing.npy")]).returncode == 2
 
 

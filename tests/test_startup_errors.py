@@ -150,14 +150,6 @@ BAD_STARTS: dict[str, tuple[Callable[[Path], list[str]], tuple[str, ...]]] = {
         lambda _: ["--tcp", "999.1.1.1:5000", "--insecure", "true"],
         ("999.1.1.1", "cannot resolve"),
     ),
-    "tcp_port_too_big": (
-        lambda _: ["--tcp", "127.0.0.1:99999", "--insecure", "true"],
-        ("99999", "0..65535"),
-    ),
-    "metrics_port_too_big": (
-        lambda _: ["--metrics", "127.0.0.1:99999"],
-        ("metrics", "99999"),
-    ),
 }
 
 
