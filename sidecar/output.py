@@ -33,6 +33,10 @@ def confine(relative: str) -> PurePosixPath:
         raise InvalidRequest(FIELD, f"longer than {MAX_PATH_CHARS} characters")
     if "\x00" in relative:
         raise InvalidRequest(FIELD, "must not contain NUL")
+    if not relative.isprintable():  # letters of any script, digits, marks, punctuation, spaces
+        raise InvalidRequest(
+            FIELD, "may hold only printable characters: no control characters, tabs or newlines"
+        )
     path = PurePosixPath(relative)
     if relative.endswith("/"):
         raise InvalidRequest(FIELD, f"{relative[:80]!r} names a directory, not a file")

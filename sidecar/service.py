@@ -197,6 +197,8 @@ class Sidecar:
         interval = min(1.0, self.config.lease_ttl / 4)
         while True:
             await asyncio.sleep(interval)
+            for token in list(self._working):  # waiting on its own encode is not silence
+                self.leases.renew(token)
             expired = self.leases.expire()
             spares = sum(lease.spare for lease in expired)
             if spares:  # a spare the client never came back for: normal

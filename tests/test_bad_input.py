@@ -279,3 +279,15 @@ def test_errors_are_counted(client: Any) -> None:
 def test_request_errors_share_a_base() -> None:
     for cls in (InvalidArgument, NotFound, OutOfRange, ResourceExhausted, AlreadyExists):
         assert issubclass(cls, RequestError)
+
+
+PRINTABLE_NOT = ["a\x1b[31mred.mp4", "two\nlines.mp4", "tab\there.mp4", "z\u200bw.mp4"]
+
+
+@pytest.mark.parametrize("name", PRINTABLE_NOT, ids=["escape", "newline", "tab", "zero-width"])
+def test_output_paths_are_printable(client: Any, twin: str, name: str, frames: np.ndarray) -> None:
+    with pytest.raises(InvalidArgument, match="printable") as info:
+        client.encode(frames, path=name)
+    assert info.value.reason is Reason.INVALID_REQUEST
+    fine = client.encode(frames, path=f"écrit/ビデオ-{twin}.mp4", overwrite=True)
+    assert fine.frames == len(frames)
