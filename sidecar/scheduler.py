@@ -4,6 +4,11 @@ Encodes run on a bounded thread pool, never on the event loop, so health and sta
 answering while a long encode runs; PyAV drops the GIL while it converts, encodes and
 muxes. A job waits for one of `max_concurrent_encodes` slots, then gets a share of the
 cores that depends on how many encodes run beside it.
+
+A slot can be lent while a client with an encode in flight waits for room in the pool: a
+stream holds its slot while its client waits to lease the next chunk, and the requests
+queued for that slot hold the leases that would make the room. The lent slot runs one of
+them; it is taken back once a slot frees after the wait.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import asyncio
 import contextlib
 import functools
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from .config_values import cpu_count
@@ -32,10 +38,13 @@ class Scheduler:
         self._jobs: set[EncodeJob] = set()
         self._running: set[asyncio.Task[EncodeOutcome]] = set()
         self._abandoned = False  # closed without waiting for stuck threads
+        self.lent = 0  # slots lent to queued encodes while a client waits for room
+        self._taking_back: set[asyncio.Task[bool]] = set()
 
     def start(self) -> None:
+        # Room for as many lent slots as slots (see `lend`).
         self._executor = ThreadPoolExecutor(
-            max_workers=self.max_concurrent, thread_name_prefix="encode"
+            max_workers=2 * self.max_concurrent, thread_name_prefix="encode"
         )
         self._slots = asyncio.Semaphore(self.max_concurrent)
 
@@ -53,6 +62,24 @@ class Scheduler:
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
         return task
 
+    def lend(self) -> Callable[[], None] | None:
+        """Lend a slot to the queue while a client with an encode in flight waits for room
+        in the pool; returns what gives it back, or None (nothing queued, or as many lent
+        as there are slots)."""
+        if self._slots is None or not self.queued or self.lent >= self.max_concurrent:
+            return None
+        self.lent += 1
+        self._slots.release()
+
+        def give_back() -> None:
+            self.lent -= 1
+            assert self._slots is not None
+            task = asyncio.ensure_future(self._slots.acquire())  # the next slot to free
+            self._taking_back.add(task)
+            task.add_done_callback(self._taking_back.discard)
+
+        return give_back
+
     async def cancel_all(self, error: SidecarError, timeout: float) -> bool:
         """Stop every job, telling its client `error`, and wait at most `timeout` seconds
         for their threads to let go; False if some still hold on."""
@@ -65,6 +92,8 @@ class Scheduler:
     def close(self, wait: bool = True) -> None:
         """Stop the thread pool; `wait=False` leaves threads that would not stop behind."""
         self._abandoned = not wait
+        for task in list(self._taking_back):
+            task.cancel()
         if self._executor is not None:
             self._executor.shutdown(wait=wait, cancel_futures=True)
 

@@ -21,7 +21,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -162,20 +162,30 @@ class Sidecar:
         self._seen(token)
         assert self._freed is not None
         deadline = time.monotonic() + max(0.0, min(wait, self.config.max_lease_wait))
-        while True:
-            self._freed.clear()
-            lease = self.leases.grant(token, size)
-            if lease is not None:
-                return lease
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                usage = self.leases.usage()
-                raise PoolExhausted(
-                    f"no room for {size} bytes within the wait: {usage.leased_bytes} of "
-                    f"{usage.total_bytes} bytes leased, largest free region {usage.largest_free}"
-                )
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._freed.wait(), remaining)
+        give_back: Callable[[], None] | None = None
+        try:
+            while True:
+                self._freed.clear()
+                lease = self.leases.grant(token, size)
+                if lease is not None:
+                    return lease
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    usage = self.leases.usage()
+                    raise PoolExhausted(
+                        f"no room for {size} bytes within the wait: {usage.leased_bytes} of "
+                        f"{usage.total_bytes} bytes leased, largest free region "
+                        f"{usage.largest_free}"
+                    )
+                if give_back is None and token in self._working:
+                    # Its own encode may hold the slot that the queue, holding the room
+                    # it waits for, waits for (a stream between chunks).
+                    give_back = self.scheduler.lend()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._freed.wait(), remaining)
+        finally:
+            if give_back is not None:
+                give_back()
 
     def release(self, token: str, lease_id: str) -> None:
         self._seen(token)
