@@ -20,8 +20,11 @@ Exactly one reply per request, in order. Encodes run the same code as EncodeSess
 checks, errors, logs and metrics are the same. A request over `MAX_MESSAGE_BYTES` is
 answered with INVALID_ARGUMENT and the connection ends (what follows cannot be trusted to
 be a message); bytes that are no request are answered with INVALID_ARGUMENT and the
-connection carries on. The client closing the connection stops its encode in progress;
-a lease granted to a connection that closed while it waited is the TTL's to reclaim.
+connection carries on. The client closing the connection stops its encode in progress.
+A client sends its next request on a connection only once it has read the last reply, so
+a lease granted in the last reply of a connection that ends before another request comes
+on it was never read (the client gave up while it waited: a cancel, a deadline, Ctrl-C):
+it is freed then, unless the client has used or released it meanwhile.
 
 Replies have no gRPC limit to keep under, so no one-reply output is refused for its
 size: up to 1 MiB it comes inside the reply, past that in a lease (one copy in, one
@@ -130,11 +133,12 @@ class FramedServer:
         end = CallEnd()
         pending: asyncio.Queue[Request | None] = asyncio.Queue()
         read: asyncio.Task[None] | None = None
+        unread = Unread()
         try:
             version = FRAMED_PREAMBLES.get(await reader.readexactly(PREAMBLE_BYTES))
             if version is None:
                 return  # not a protocol we speak: nothing we could answer would be read
-            read = asyncio.create_task(_read(reader, version, pending, end))
+            read = asyncio.create_task(_read(reader, version, pending, end, unread))
             requests: AsyncIterator[Any] = _drain(pending)  # of the version's kind
             replies = (
                 self.servicer.framed(requests, end, reply_data_max=REPLY_DATA_MAX)
@@ -142,6 +146,9 @@ class FramedServer:
                 else self.servicer.session(requests, end, reply_data_max=REPLY_DATA_MAX)
             )
             async for reply, sent in replies:
+                # Before it is written: the client may answer before `drain` returns.
+                if isinstance(reply, pb.FramedReply) and reply.WhichOneof("reply") == "lease":
+                    unread.lease = reply.lease.lease_id
                 data = reply.SerializeToString()
                 writer.writelines((_LENGTH.pack(len(data)), data))  # one send, no join
                 await writer.drain()
@@ -153,8 +160,17 @@ class FramedServer:
             end.end()
             if read is not None:
                 read.cancel()
+            if unread.lease:
+                self.servicer.sidecar.leases.free_unused(unread.lease)
             writer.close()
             self._connections.discard(task)
+
+
+class Unread:
+    """The lease in a connection's last reply, until the client shows it read that reply
+    by sending another request."""
+
+    lease = ""
 
 
 async def _read(
@@ -162,6 +178,7 @@ async def _read(
     version: int,
     pending: asyncio.Queue[Request | None],
     end: CallEnd,
+    unread: Unread,
 ) -> None:
     """Queue the connection's requests, one at a time: the next is read only once the last
     was taken, so reading goes on while it is encoded, and notices the client leaving.
@@ -175,7 +192,9 @@ async def _read(
             if length > MAX_MESSAGE_BYTES:
                 pending.put_nowait(Oversized(length, name))
                 return
-            pending.put_nowait(decode(await reader.readexactly(length)))
+            request = decode(await reader.readexactly(length))
+            unread.lease = ""  # the last reply was read
+            pending.put_nowait(request)
             await pending.join()
     except (asyncio.IncompleteReadError, ConnectionError):
         end.end()

@@ -174,6 +174,17 @@ class LeaseTable:
         if freed:
             self._notify()
 
+    def free_unused(self, lease_id: str) -> bool:
+        """Free a lease its client never saw (the reply granting it was not read), unless
+        it is in an encode; False if it is gone or in use."""
+        with self._lock:
+            lease = self._leases.get(lease_id)
+            if lease is None or lease.encoding:
+                return False
+            self._drop(lease)
+        self._notify()
+        return True
+
     def free(self, leases: Sequence[Lease]) -> None:
         """Return leases to the pool once their frames are consumed. Idempotent."""
         freed = False

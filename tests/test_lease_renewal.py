@@ -103,3 +103,30 @@ def test_deadlines_that_fall_as_results_come_leave_no_lease_for_good(make_daemon
             c.encode(small)
             time.sleep(0.2)
         assert watcher.status().pool["active_leases"] <= 1  # at most the spare just granted
+
+
+def test_encodes_cancelled_at_any_moment_leave_no_lease_for_good(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    """asyncio cancels (`wait_for`) landing anywhere in an encode, the lease step too: a
+    lease granted in a reply the client gave up on is freed when its connection ends, and
+    the client, still busy, holds no more than its spare."""
+    import asyncio
+    import random
+
+    from client import AsyncSidecarClient
+
+    d = make_daemon()
+    video = np.zeros((30, 240, 320, 3), np.uint8)
+
+    async def main() -> int:
+        async with AsyncSidecarClient(d.socket) as c:
+            await c.encode(video[:1])
+            rng = random.Random(7)
+            for _ in range(60):
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(c.encode(video), rng.uniform(0, 0.004))
+            for _ in range(5):  # busy: every call would renew a lease it still held
+                await c.encode(video[:2])
+            await asyncio.sleep(0.5)
+            return int((await c.status()).pool["active_leases"])
+
+    assert asyncio.run(main()) <= 1
