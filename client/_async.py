@@ -182,6 +182,7 @@ class AsyncVideoStream(StreamFace):
         """The output as it is produced (fragmented MP4 arrives while encoding)."""
         while (data := await self._chunks.get()) is not None:
             yield data
+        self._chunks.put_nowait(None)  # for the next iteration, which ends at once
 
 
 class _StreamCall:

@@ -308,14 +308,14 @@ class ClientCore:
             with contextlib.suppress(SidecarError):
                 yield from self.release(lease)
 
-    def lease_for(self, nbytes: int, use_spare: bool) -> Steps[Lease]:
-        """The spare lease when it is fresh and large enough, else a new one."""
+    def lease_for(self, nbytes: int, use_spare: bool, within: float | None) -> Steps[Lease]:
+        """The spare when fresh and large enough, else a new lease (its wait: at most `within`)."""
         spare, stale = self._take_spare(nbytes) if use_spare else (None, None)
         if stale is not None:
             yield from self.give_back([stale])
         if spare is not None:
             return spare
-        return (yield from self.lease(nbytes))
+        return (yield from self.lease(nbytes, min(self.lease_wait, within or self.lease_wait)))
 
     def _take_spare(self, nbytes: int) -> tuple[Lease | None, Lease | None]:
         """(a spare lease to use for `nbytes`, or None; a spare to give back, or None).

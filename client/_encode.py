@@ -95,7 +95,7 @@ def _encode_source(
             if landing is not None and first + count == source.frames:
                 nbytes = landing.make_room(nbytes)
             with clock.leasing():
-                lease = yield from core.lease_for(nbytes, single)
+                lease = yield from core.lease_for(nbytes, single, within=timeout or core.timeout)
             leases.append(lease)
             if landing is not None:
                 landing.copy_later(lease.array, first, count)

@@ -195,6 +195,7 @@ class StreamCore:
             return self.result
         self.closed = True
         if self.call is None:
+            self.on_data(None)  # no call, no reader to end `chunks()`
             raise InvalidArgument("no frames were written to the stream")
         try:
             pcm = self.end_audio(audio, sample_rate)
@@ -232,6 +233,8 @@ class StreamCore:
         self.cancelled = self.result is None
         if self.call is not None:
             yield OnStream(self.call, "abort")
+        else:
+            self.on_data(None)  # no call, no reader to end `chunks()`
         yield from self.client.give_back(self.leased)
 
     def whole(self, source: VideoSource) -> Steps[EncodeResult]:

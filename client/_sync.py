@@ -157,6 +157,7 @@ class VideoStream(StreamFace):
         """The output as it is produced (fragmented MP4 arrives while encoding)."""
         while (data := self._chunks.get()) is not None:
             yield data
+        self._chunks.put(None)  # for the next iteration, which ends at once
 
 
 class _StreamCall:

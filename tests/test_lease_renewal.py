@@ -9,7 +9,7 @@ import grpc
 import numpy as np
 import pytest
 
-from client import DeadlineExceeded, FailedPrecondition
+from client import DeadlineExceeded, FailedPrecondition, ResourceExhausted
 from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
 
@@ -130,3 +130,15 @@ def test_encodes_cancelled_at_any_moment_leave_no_lease_for_good(make_daemon) ->
             return int((await c.status()).pool["active_leases"])
 
     assert asyncio.run(main()) <= 1
+
+
+def test_a_call_waits_for_room_no_longer_than_its_timeout(make_daemon, connect) -> None:  # type: ignore[no-untyped-def]
+    d = make_daemon(max_lease_wait=20)
+    with connect(d) as c, d.client() as hog:
+        held = [hog.lease(16 * 1024 * 1024) for _ in range(4)]  # the whole pool
+        t0 = time.monotonic()
+        with pytest.raises((ResourceExhausted, DeadlineExceeded)):
+            c.encode(np.zeros((4, 64, 64, 3), np.uint8), timeout=1.0)
+        assert time.monotonic() - t0 < 5  # 20 s, the daemon's cap, before
+        for lease in held:
+            hog.release(lease)

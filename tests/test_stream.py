@@ -336,3 +336,17 @@ def test_a_stream_waiting_for_room_held_by_the_queue_behind_it_gets_it(make_daem
         assert waited < 10, waited  # 15 s and ResourceExhausted before
         assert result.frames == 48 and queued["result"].frames == 24
         assert wait_for_idle(c).pool["active_leases"] == 0
+
+
+def test_chunks_end_when_a_stream_ends_before_its_first_chunk(client: Any) -> None:
+    """Read from another thread, as `chunks()` is meant to be: it ends, it does not wait
+    for a reader that never started."""
+    s = client.stream(fps=24, container="fmp4")
+    got: list[list[bytes]] = []
+    reader = threading.Thread(target=lambda: got.append(list(s.chunks())))
+    reader.start()
+    with pytest.raises(RuntimeError, match="before any frame"), s:
+        raise RuntimeError("the model failed before any frame")
+    reader.join(10)
+    assert not reader.is_alive() and got == [[]]
+    assert list(s.chunks()) == []  # a second reading ends at once too
