@@ -193,12 +193,12 @@ class StreamCore:
                 self.raise_if_failed()
                 raise InvalidArgument("the stream was closed without a result")
             return self.result
+        pcm = self.end_audio(audio, sample_rate)  # a wrong track leaves the stream open
         self.closed = True
         if self.call is None:
             self.on_data(None)  # no call, no reader to end `chunks()`
             raise InvalidArgument("no frames were written to the stream")
         try:
-            pcm = self.end_audio(audio, sample_rate)
             data = (yield from self.client.audio_data(pcm, self._took)) if pcm is not None else []
             yield from self._send(pb.StreamRequest(end=pb.StreamEnd(audio_data=data)))
         finally:
@@ -220,10 +220,12 @@ class StreamCore:
             raise InvalidArgument("declare the track when opening: stream(sample_rate=, channels=)")
         rate, channels = self.audio_format
         pcm = prepare_audio(audio, sample_rate or rate)
-        if (pcm.sample_rate, pcm.channels) != (rate, channels) or pcm.data.dtype.kind != "f":
+        if (pcm.sample_rate, pcm.channels) != (rate, channels):
             raise InvalidArgument(
-                f"audio at the end must be float {channels}-channel at {rate} Hz, as declared"
+                f"audio at the end must be {channels}-channel at {rate} Hz, as declared"
             )
+        if pcm.data.dtype != np.float32:  # the declared track is float: int16 scaled to it
+            pcm = Pcm((pcm.data / 32768.0).astype(np.float32), pcm.sample_rate)
         return pcm
 
     def cancel(self) -> Steps[None]:

@@ -350,3 +350,16 @@ def test_chunks_end_when_a_stream_ends_before_its_first_chunk(client: Any) -> No
     reader.join(10)
     assert not reader.is_alive() and got == [[]]
     assert list(s.chunks()) == []  # a second reading ends at once too
+
+
+def test_a_wrong_track_at_close_leaves_the_stream_open(client: Any, video: np.ndarray) -> None:
+    """A track that is not what was declared is refused before anything ends the stream;
+    the right one, int16 too, closes it."""
+    s = client.stream(fps=24, sample_rate=22050, channels=2)
+    s.write(video)
+    with pytest.raises(InvalidArgument, match="2-channel"):
+        s.close(audio=np.zeros((22050, 1), np.float32))
+    tone = (np.full((22050, 2), 0.2) * 32767).astype(np.int16)
+    result = s.close(audio=tone)
+    audio_s, video_s, _, _ = audio_facts(result.data or b"")
+    assert result.frames == len(video) and abs(audio_s - video_s) <= 1024 / 22050
