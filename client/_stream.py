@@ -18,6 +18,7 @@ its steps and hold the driver's side of the call (a reader thread, or a task).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any, cast
@@ -30,7 +31,7 @@ from sidecar.vocabulary import SAMPLE_FORMATS
 
 from ._audio import Pcm, prepare_audio
 from ._core import ClientCore
-from ._errors import Cancelled, InvalidArgument, SidecarError, error_from_rpc
+from ._errors import Cancelled, InvalidArgument, error_from_rpc
 from ._options import EncodeOptions, VideoFormat, VideoGeometry
 from ._plan import copy_step, plan_ranges
 from ._results import Clock, ResultBuilder
@@ -71,7 +72,9 @@ class StreamCore:
         self.range_warned = False  # a float range warning is given once a stream
         self.clock = clock or Clock()
         self.result: EncodeResult | None = None
-        self.error: SidecarError | None = None
+        # How the call ended early: the daemon's error, or one a callback of the
+        # caller's raised on the reader (given back to the caller, not blamed on the daemon).
+        self.error: BaseException | None = None
         self.geometry: VideoGeometry | None = None
         self.call: Any = None  # the driver's handle, once the header is sent
         self.closed = False
@@ -168,7 +171,9 @@ class StreamCore:
             yield
         except grpc.RpcError as err:
             self.error = error_from_rpc(err)
-        except SidecarError as err:
+        except asyncio.CancelledError:
+            raise  # the call aborted: its reader task is told so
+        except BaseException as err:
             self.error = err
         finally:
             self.on_data(None)

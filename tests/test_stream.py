@@ -363,3 +363,24 @@ def test_a_wrong_track_at_close_leaves_the_stream_open(client: Any, video: np.nd
     result = s.close(audio=tone)
     audio_s, video_s, _, _ = audio_facts(result.data or b"")
     assert result.frames == len(video) and abs(audio_s - video_s) <= 1024 / 22050
+
+
+@pytest.mark.parametrize("callback", ["on_chunk", "on_progress"])
+def test_a_stream_callback_that_raises_gives_the_caller_its_error(
+    make_daemon, connect, video: np.ndarray, callback: str
+) -> None:  # type: ignore[no-untyped-def]
+    """Raised on the reader (a thread, or a task), it reaches the caller as it was, not
+    as the daemon's failure; no lease stays out."""
+
+    def broken(*_: object) -> None:
+        raise ZeroDivisionError("the caller's own bug")
+
+    d = make_daemon()
+    with connect(d) as c:
+        with (
+            pytest.raises(ZeroDivisionError, match="own bug"),
+            c.stream(fps=24, container="fmp4", **{callback: broken}) as s,
+        ):
+            for chunk in chunks_of(video, 12):
+                s.write(chunk)
+        assert wait_for_idle(c, timeout=10).pool["active_leases"] == 0
