@@ -38,6 +38,7 @@ from ._options import (
     VideoFormat,
     VideoGeometry,
     check_callbacks,
+    check_leased,
     check_timeout,
 )
 from ._steps import Steps
@@ -317,6 +318,7 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
         """
         options = EncodeOptions.of(locals())
         check_callbacks(timeout=timeout, on_progress=on_progress)
+        check_leased(ranges, width, height)
         frames = VideoGeometry(width, height, pixel_format)
         steps = encode_leased(self._core, ranges, frames, options, on_progress, timeout)
         return self._result(steps)

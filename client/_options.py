@@ -21,7 +21,7 @@ from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.vocabulary import CONTAINERS, PIXEL_FORMATS
 
 from ._errors import InvalidArgument, OutOfRange
-from ._types import FrameRange
+from ._types import FrameRange, Lease
 
 Fps = float | Fraction | tuple[int, int]
 
@@ -223,6 +223,19 @@ def check_timeout(timeout: Any, name: str = "timeout") -> None:
         raise InvalidArgument(f"{name} must be a number of seconds or None, got {timeout!r}")
     if not (math.isfinite(seconds := float(timeout)) and seconds > 0):
         raise InvalidArgument(f"{name} must be a finite number of seconds over 0, got {timeout!r}")
+
+
+def check_leased(ranges: Any, width: Any, height: Any) -> None:
+    """`encode_leased`'s frames: FrameRanges of whole numbers, and a whole size."""
+    if not isinstance(ranges, Sequence):
+        raise InvalidArgument(f"ranges must be a list of FrameRange, got {ranges!r}")
+    for r in ranges:
+        if not isinstance(r, FrameRange) or not isinstance(r.lease, Lease | str):
+            raise InvalidArgument(f"ranges must hold FrameRange(lease, frame_count), got {r!r}")
+        for name in ("frame_count", "offset", "row_stride", "frame_stride"):
+            whole(f"FrameRange.{name}", getattr(r, name), -(2**63), 2**63 - 1)
+    whole("width", width, -(2**63), 2**63 - 1)  # the daemon judges the values
+    whole("height", height, -(2**63), 2**63 - 1)
 
 
 def check_lease(nbytes: Any, wait: Any) -> None:

@@ -326,3 +326,20 @@ def test_lease_sizes_and_waits_a_request_cannot_hold(client: Any) -> None:
     with pytest.raises(InvalidArgument, match="wait"):
         client.lease(4096, wait=-1)
     client.release(client.lease(4096, wait=0))
+
+
+def test_encode_leased_refuses_what_a_request_cannot_hold(client: Any) -> None:
+    from client import FrameRange
+
+    lease = client.lease(64 * 64 * 3)
+    try:
+        for ranges, size, name in (
+            ([FrameRange(lease, 1.0)], 64, "frame_count"),  # type: ignore[arg-type]
+            ([lease], 64, "FrameRange"),
+            ([FrameRange(lease, 1)], 64.0, "width"),
+        ):
+            with pytest.raises(InvalidArgument, match=name):
+                client.encode_leased(ranges, width=size, height=64)
+        assert client.encode_leased([FrameRange(lease, 1)], width=64, height=64).frames == 1
+    finally:
+        client.release(lease)
