@@ -233,12 +233,14 @@ def _in_a_forked_child(action: Any, timeout: float) -> bytes:
     if pid == 0:
         try:
             os.write(write, action())
+        except BaseException as exc:  # say what went wrong, for the parent's assertion
+            os.write(write, f"{type(exc).__name__}: {exc}"[:500].encode())
         finally:
             os._exit(0)
     os.close(write)
     try:
         ready, _, _ = select.select([read], [], [], timeout)
-        return os.read(read, 64) if ready else f"(no answer in {timeout:g} s)".encode()
+        return os.read(read, 600) if ready else f"(no answer in {timeout:g} s)".encode()
     finally:
         os.close(read)
         os.kill(pid, signal.SIGKILL)
