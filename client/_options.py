@@ -24,6 +24,7 @@ from ._errors import InvalidArgument, OutOfRange
 from ._types import FrameRange, Lease
 
 Fps = float | Fraction | tuple[int, int]
+INT64 = (-(2**63), 2**63 - 1)  # what the request's int64 fields hold; the daemon judges more
 
 
 def new_request_id() -> str:
@@ -190,7 +191,7 @@ def fps_rational(fps: Fps) -> pb.Rational:
     if isinstance(fps, tuple):
         if len(fps) != 2:
             raise InvalidArgument(f"fps as a tuple is (numerator, denominator), got {fps!r}")
-        num, den = (whole("fps", part, -(2**63), 2**63 - 1) for part in fps)
+        num, den = (whole("fps", part, *INT64) for part in fps)
     else:
         if isinstance(fps, bool) or not isinstance(fps, numbers.Real):
             raise InvalidArgument(f"fps must be a number or (num, den), got {fps!r}")
@@ -200,7 +201,7 @@ def fps_rational(fps: Fps) -> pb.Rational:
         num, den = rate.numerator, rate.denominator
         if num == 0:
             raise InvalidArgument(f"fps {fps!r} is too small to encode")
-        if num > 2**63 - 1:
+        if num > INT64[1]:
             raise InvalidArgument(f"fps {fps!r} is too large to encode")
     return pb.Rational(num=num, den=den)
 
@@ -233,15 +234,15 @@ def check_leased(ranges: Any, width: Any, height: Any) -> None:
         if not isinstance(r, FrameRange) or not isinstance(r.lease, Lease | str):
             raise InvalidArgument(f"ranges must hold FrameRange(lease, frame_count), got {r!r}")
         for name in ("frame_count", "offset", "row_stride", "frame_stride"):
-            whole(f"FrameRange.{name}", getattr(r, name), -(2**63), 2**63 - 1)
-    whole("width", width, -(2**63), 2**63 - 1)  # the daemon judges the values
-    whole("height", height, -(2**63), 2**63 - 1)
+            whole(f"FrameRange.{name}", getattr(r, name), *INT64)
+    whole("width", width, *INT64)
+    whole("height", height, *INT64)
 
 
 def check_lease(nbytes: Any, wait: Any) -> None:
     """`lease(nbytes, wait=)`: a whole number of bytes over 0 (OutOfRange, as the daemon
     says it, for 0 and less), a wait of seconds (0: do not wait) or None."""
-    if whole("nbytes", nbytes, -(2**63), 2**64 - 1) <= 0:
+    if whole("nbytes", nbytes, INT64[0], 2**64 - 1) <= 0:
         raise OutOfRange(f"lease size must be positive, got {nbytes}")
     if wait is not None and wait != 0:
         check_timeout(wait, "wait")
