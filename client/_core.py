@@ -38,6 +38,7 @@ from ._errors import (
     error_from_session,
 )
 from ._framed import framed_path
+from ._leasing import lease_over_grpc
 from ._options import VideoFormat, check_lease
 from ._results import attachment_from_proto, status_from_proto
 from ._slabs import SlabMap
@@ -275,10 +276,8 @@ class ClientCore:
         request = pb.ReleaseRequest(client_token=att.client_token, lease_id=lease_id)
         try:
             yield from self._unary("Release", request, self.unary_timeout)
-        except NotFound:
-            pass
         except SidecarError as err:  # NOT_ATTACHED: the daemon restarted, the lease with it
-            if err.reason is not Reason.NOT_ATTACHED:
+            if not isinstance(err, NotFound) and err.reason is not Reason.NOT_ATTACHED:
                 raise
 
     def _unary(
@@ -286,9 +285,8 @@ class ClientCore:
     ) -> Steps[Any]:
         """A Lease or Release: on the framed socket while there is one (about 0.15 ms, a
         unary gRPC call 1.1-1.5 ms on the H200 host), else as the gRPC call. A connection
-        the daemon ended before replying never had its request taken (it ends idle ones
-        at shutdown, busy ones after their reply), so the call goes to gRPC, which serves
-        through the shutdown's grace."""
+        the daemon ended before replying never had its request taken (it ends idle ones at
+        shutdown, busy ones after their reply): it goes to gRPC, served through the grace."""
         if self.framed:
             try:
                 reply: pb.FramedReply = yield Exchange(request, self.framed, timeout)
@@ -300,6 +298,8 @@ class ClientCore:
                 if reply.HasField("error"):
                     raise error_from_session(reply.error)
                 return reply.lease if method == "Lease" else reply.release
+        if isinstance(request, pb.LeaseRequest):  # tagged: a lost reply loses no lease
+            return (yield from lease_over_grpc(request, timeout))
         return (yield Call(method, request, timeout))
 
     def give_back(self, leases: Iterable[Lease | str]) -> Steps[None]:

@@ -13,12 +13,17 @@ even where the encode would have given it back (its frames still landing when it
 A client whose copy failed after its request went out releases its leases at once, and
 need not wait to see them come back.
 
+A lease may be granted under a tag, the client's name for its request: a client whose
+reply never came (a cancel, a deadline) releases it by that tag. A tag released before
+any lease was granted under it is withdrawn for a TTL: a grant under it is refused.
+
 Lease ids are 128-bit random. A lease is visible only to the client token that took it:
 to anyone else it does not exist.
 """
 
 from __future__ import annotations
 
+import re
 import secrets
 import threading
 import time
@@ -26,7 +31,18 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from .allocator import RegionAllocator
-from .errors import LeaseBusy, LeaseNotFound, OutOfRange
+from .errors import Cancelled, InvalidRequest, LeaseBusy, LeaseNotFound, OutOfRange
+
+# Tags released before a grant, remembered for a TTL: at most this many, the oldest
+# forgotten first (a client withdraws one only when a Lease reply was lost).
+MAX_WITHDRAWN = 4096
+TAG = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def check_tag(tag: str) -> None:
+    """A Lease request's tag: empty (none), or 1-64 of A-Z a-z 0-9 _ -."""
+    if tag and not TAG.fullmatch(tag):
+        raise InvalidRequest("tag", "must be 1-64 of A-Z a-z 0-9 _ -, or empty")
 
 
 @dataclass(eq=False)
@@ -43,6 +59,7 @@ class Lease:
     # have read: its calls do not renew it until it uses or releases it.
     unclaimed: bool = False
     released: bool = False  # released by its client while an encode held it
+    tag: str = ""  # the client's name for the Lease request that granted it
 
 
 @dataclass(frozen=True)
@@ -75,6 +92,8 @@ class LeaseTable:
         self._allocators = [RegionAllocator(slab_size, alignment) for _ in range(slab_count)]
         self._leases: dict[str, Lease] = {}
         self._by_owner: dict[str, dict[str, Lease]] = {}
+        self._tagged: dict[tuple[str, str], Lease] = {}
+        self._withdrawn: dict[tuple[str, str], float] = {}  # (owner, tag): until
         self._lock = threading.Lock()
         self.on_free = on_free
         self.granted = 0
@@ -83,10 +102,17 @@ class LeaseTable:
     # -- granting and giving back --------------------------------------------------------
 
     def grant(
-        self, owner: str, size: int, *, spare: bool = False, in_reply: bool = False
+        self,
+        owner: str,
+        size: int,
+        *,
+        spare: bool = False,
+        in_reply: bool = False,
+        tag: str = "",
     ) -> Lease | None:
         """A lease of at least `size` bytes, or None if no slab has room right now.
-        `in_reply`: it goes to the client inside an encode's result (a spare always)."""
+        `in_reply`: it goes to the client inside an encode's result (a spare always).
+        `tag`: the client's name for the request (checked by the caller)."""
         if size <= 0:
             raise OutOfRange(f"lease size must be positive, got {size}")
         if size > self.slab_size:
@@ -95,6 +121,8 @@ class LeaseTable:
                 "split the video into frame ranges of at most one slab each"
             )
         with self._lock:
+            if tag:
+                self._check_tag(owner, tag)
             for slab_id, allocator in enumerate(self._allocators):
                 region = allocator.allocate(size)
                 if region is not None:
@@ -108,8 +136,11 @@ class LeaseTable:
                         expires_at=self._clock() + self.ttl,
                         spare=spare,
                         unclaimed=spare or in_reply,
+                        tag=tag,
                     )
                     self._leases[lease.id] = lease
+                    if tag:
+                        self._tagged[(owner, tag)] = lease
                     self._by_owner.setdefault(owner, {})[lease.id] = lease
                     self.granted += 1
                     return lease
@@ -137,6 +168,19 @@ class LeaseTable:
         """Give back a lease; one an encode holds is freed when the encode lets go."""
         with self._lock:
             lease = self._get(owner, lease_id)
+            if lease.encoding:
+                lease.released = True
+                return
+            self._drop(lease)
+        self._notify()
+
+    def release_tagged(self, owner: str, tag: str) -> None:
+        """Give back the lease granted under `tag`, if any; if none, refuse one later."""
+        with self._lock:
+            lease = self._tagged.get((owner, tag))
+            if lease is None:
+                self._withdraw(owner, tag)
+                return
             if lease.encoding:
                 lease.released = True
                 return
@@ -244,8 +288,26 @@ class LeaseTable:
             )
         return lease
 
+    def _check_tag(self, owner: str, tag: str) -> None:
+        until = self._withdrawn.get((owner, tag))
+        if until is not None and until > self._clock():
+            raise Cancelled(f"the lease request {tag!r} was withdrawn by its client")
+        if (owner, tag) in self._tagged:
+            raise InvalidRequest("tag", f"{tag!r} already names a lease of this client")
+
+    def _withdraw(self, owner: str, tag: str) -> None:
+        now = self._clock()
+        while self._withdrawn:  # oldest first: drop the expired, and any over the cap
+            oldest, until = next(iter(self._withdrawn.items()))
+            if until > now and len(self._withdrawn) < MAX_WITHDRAWN:
+                break
+            del self._withdrawn[oldest]
+        self._withdrawn[(owner, tag)] = now + self.ttl
+
     def _drop(self, lease: Lease) -> None:
         del self._leases[lease.id]
+        if lease.tag:
+            del self._tagged[(lease.owner, lease.tag)]
         mine = self._by_owner[lease.owner]
         del mine[lease.id]
         if not mine:

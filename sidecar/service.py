@@ -28,12 +28,19 @@ from typing import Any
 from . import __version__
 from .clients import Clients
 from .config import Config
-from .errors import OutOfRange, PoolExhausted, ShuttingDown, SidecarError, StartupError
+from .errors import (
+    InvalidRequest,
+    OutOfRange,
+    PoolExhausted,
+    ShuttingDown,
+    SidecarError,
+    StartupError,
+)
 from .events import Chunk, Progress
 from .frames import Limits
 from .intake import StreamIntake
 from .jobs import EncodeJob
-from .leases import Lease, LeaseTable
+from .leases import Lease, LeaseTable, check_tag
 from .planner import Accepted, Planner
 from .plans import EncodeOutcome
 from .processes import EncoderProcesses
@@ -153,10 +160,12 @@ class Sidecar:
             max_lease_wait=self.config.max_lease_wait,
         )
 
-    async def lease(self, token: str, size: int, wait: float) -> Lease:
+    async def lease(self, token: str, size: int, wait: float, tag: str = "") -> Lease:
         """Grant a lease, waiting at most `wait` seconds (capped) for room. While the
         daemon drains, a client with an encode in flight may still lease (a stream's next
-        chunks), so that the encode finishes within the grace period."""
+        chunks), so that the encode finishes within the grace period. `tag`: the client's
+        name for the request, to release the lease by if the reply is lost."""
+        check_tag(tag)
         if token not in self._working:
             self._check_accepting()
         self._seen(token)
@@ -166,7 +175,7 @@ class Sidecar:
         try:
             while True:
                 self._freed.clear()
-                lease = self.leases.grant(token, size)
+                lease = self.leases.grant(token, size, tag=tag)
                 if lease is not None:
                     return lease
                 remaining = deadline - time.monotonic()
@@ -187,9 +196,16 @@ class Sidecar:
             if give_back is not None:
                 give_back()
 
-    def release(self, token: str, lease_id: str) -> None:
+    def release(self, token: str, lease_id: str, tag: str = "") -> None:
+        """Give back a lease named by its id, or by the tag of the request that granted it."""
         self._seen(token)
-        self.leases.release(token, lease_id)
+        if tag and not lease_id:
+            check_tag(tag)
+            self.leases.release_tagged(token, tag)
+        elif tag:
+            raise InvalidRequest("tag", "name a lease by lease_id or by tag, not both")
+        else:
+            self.leases.release(token, lease_id)
 
     def _seen(self, token: str) -> None:
         """A call from `token`: it must be attached, and its leases stay alive."""

@@ -164,11 +164,13 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         return pb.ReleaseResponse()
 
     async def _lease(self, request: pb.LeaseRequest) -> pb.LeaseResponse:
-        lease = await self.sidecar.lease(request.client_token, request.size, request.wait_ms / 1e3)
+        lease = await self.sidecar.lease(
+            request.client_token, request.size, request.wait_ms / 1e3, request.tag
+        )
         return lease_to_proto(lease, self.sidecar.config.lease_ttl)
 
     def _release(self, request: pb.ReleaseRequest) -> None:
-        self.sidecar.release(request.client_token, request.lease_id)
+        self.sidecar.release(request.client_token, request.lease_id, request.tag)
 
     @_mapped
     async def Status(self, request: pb.StatusRequest, context: Any) -> pb.StatusResponse:

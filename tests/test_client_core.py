@@ -403,3 +403,46 @@ def test_frames_still_landing_are_counted_on_the_framed_socket_or_waited_for_fir
     made.clear()
     ask(c, made, framed_works=False)
     assert made == ["Exchange framed", "Work", "landed", "Exchange session"]
+
+
+@pytest.mark.parametrize(
+    ("failure", "withdrawn"),
+    [
+        (None, False),
+        (error_for(grpc.StatusCode.DEADLINE_EXCEEDED, "late"), True),
+        (error_for(grpc.StatusCode.CANCELLED, "cancelled"), True),
+        (error_for(grpc.StatusCode.UNAVAILABLE, "connection broke"), True),
+        (KeyboardInterrupt(), True),
+        (asyncio.CancelledError(), True),
+        (error_for(grpc.StatusCode.RESOURCE_EXHAUSTED, "pool full", Reason.POOL_EXHAUSTED), False),
+        (error_for(grpc.StatusCode.INVALID_ARGUMENT, "size"), False),
+    ],
+)
+def test_a_lease_over_grpc_whose_reply_is_lost_is_released_by_its_tag(
+    failure: BaseException | None, withdrawn: bool
+) -> None:
+    """Only the daemon's refusal says nothing was granted; after anything else the lease
+    may exist, unknown to the client, and is released by the request's tag."""
+    from client._leasing import lease_over_grpc
+
+    request = pb.LeaseRequest(client_token="t" * 32, size=4096)
+    steps = lease_over_grpc(request, 5.0)
+    lease_call = next(steps)
+    assert isinstance(lease_call, Call) and lease_call.method == "Lease"
+    tag = lease_call.request.tag  # type: ignore[attr-defined]
+    assert len(tag) == 24 and not request.tag
+    if failure is None:
+        with pytest.raises(StopIteration) as done:
+            steps.send(pb.LeaseResponse(lease_id="l" * 32))
+        assert done.value.value.lease_id == "l" * 32
+        return
+    if not withdrawn:
+        with pytest.raises(type(failure)):
+            steps.throw(failure)
+        return
+    release = steps.throw(failure)
+    assert isinstance(release, Call) and release.method == "Release"
+    assert release.request.tag == tag and not release.request.lease_id  # type: ignore[attr-defined]
+    assert release.timeout is not None and release.timeout <= 2.0
+    with pytest.raises(type(failure)):  # the release's own failure is not the caller's error
+        steps.throw(error_for(grpc.StatusCode.UNAVAILABLE, "still down"))

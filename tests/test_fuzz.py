@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import re
 import socket
 import struct
 from collections import Counter
@@ -15,6 +16,7 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -34,6 +36,16 @@ CLIENT_ERRORS = {
 }
 # A request that happens to be valid is encoded; one naming an existing file is refused.
 ACCEPTABLE = CLIENT_ERRORS | {grpc.StatusCode.OK, grpc.StatusCode.ALREADY_EXISTS}
+# A Lease under a tag that an earlier Release withdrew.
+WITHDRAWN = {grpc.StatusCode.CANCELLED}
+TAG_RULE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+TAGS = st.one_of(
+    st.just(""),
+    st.sampled_from(
+        ["t-1", "ok_Tag-9", "x" * 64, "x" * 65, "a b", "\u00e9", "\x1b[31m", "../x", "\x00"]
+    ),
+    st.text(max_size=80),
+)
 COUNTS: Counter[str] = Counter()
 
 I64 = st.one_of(
@@ -360,13 +372,17 @@ def test_one_bad_field(stub, field, number, text) -> None:  # type: ignore[no-un
     token=st.sampled_from(["good", "bad", ""]),
     release=st.one_of(st.just("same"), st.text(max_size=80)),
     framed_way=st.booleans(),
+    tag=TAGS,
+    release_tag=TAGS,
 )
-def test_lease_and_release(daemon, stub, size, wait, token, release, framed_way) -> None:  # type: ignore[no-untyped-def]
+def test_lease_and_release(  # type: ignore[no-untyped-def]
+    daemon, stub, size, wait, token, release, framed_way, tag, release_tag
+) -> None:
     """Leases and releases as gRPC calls, or on a kept "VSF2" connection to the framed
-    socket: the same answers either way."""
+    socket: the same answers either way. Tags: only 1-64 of A-Z a-z 0-9 _ - are taken."""
     s, good = stub
     tok = good if token == "good" else ("f" * 32 if token == "bad" else "")
-    lease_request = pb.LeaseRequest(client_token=tok, size=size, wait_ms=min(wait, 200))
+    lease_request = pb.LeaseRequest(client_token=tok, size=size, wait_ms=min(wait, 200), tag=tag)
     got = None
     if framed_way:
         reply = framed(daemon).exchange(lease_request)
@@ -379,9 +395,23 @@ def test_lease_and_release(daemon, stub, size, wait, token, release, framed_way)
         except grpc.RpcError as err:
             code = err.code()
     COUNTS["lease:" + code.name] += 1
-    assert code in CLIENT_ERRORS | {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}
+    withdrawn = WITHDRAWN if tag else set()
+    assert (
+        code in CLIENT_ERRORS | {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED} | withdrawn
+    )
     if code == grpc.StatusCode.OK:
         assert got is not None and got.lease_id and 0 < size <= 16 * 1024 * 1024
+        assert not tag or TAG_RULE.fullmatch(tag), tag
+    if release_tag:  # by the tag alone: OK whether or not it names a lease, if well formed
+        by_tag = pb.ReleaseRequest(client_token=tok, tag=release_tag)
+        if framed_way:
+            code = reply_code(framed(daemon).exchange(by_tag))
+        else:
+            code = call(s.Release, by_tag)
+        COUNTS["release-tag:" + code.name] += 1
+        assert code in CLIENT_ERRORS | {grpc.StatusCode.OK}
+        if tok == good:
+            assert (code == grpc.StatusCode.OK) == bool(TAG_RULE.fullmatch(release_tag)), code
     if release != "same":
         release_request = pb.ReleaseRequest(client_token=tok, lease_id=release)
         if framed_way:
@@ -475,6 +505,8 @@ def valid_bytes(token: str, lease_id: str) -> list[bytes]:
         pb.AttachRequest(client_name="fuzz", pid=7).SerializeToString(),
         pb.LeaseRequest(client_token=token, size=4096, wait_ms=10).SerializeToString(),
         pb.ReleaseRequest(client_token=token, lease_id=lease_id).SerializeToString(),
+        pb.LeaseRequest(client_token=token, size=4096, wait_ms=10, tag="t-1").SerializeToString(),
+        pb.ReleaseRequest(client_token=token, tag="t-1").SerializeToString(),
         pb.EncodeRequest(client_token=token, request_id="r-2", video=video).SerializeToString(),
         pb.StreamRequest(header=header).SerializeToString(),
         pb.StreamRequest(chunk=pb.StreamChunk(inline=b"\x01" * 64)).SerializeToString(),
@@ -483,6 +515,12 @@ def valid_bytes(token: str, lease_id: str) -> list[bytes]:
         ).SerializeToString(),
         pb.FramedRequest(
             release=pb.ReleaseRequest(client_token=token, lease_id=lease_id)
+        ).SerializeToString(),
+        pb.FramedRequest(
+            lease=pb.LeaseRequest(client_token=token, size=4096, wait_ms=10, tag="t-2")
+        ).SerializeToString(),
+        pb.FramedRequest(
+            release=pb.ReleaseRequest(client_token=token, tag="t-2")
         ).SerializeToString(),
         pb.FramedRequest(
             encode=pb.EncodeRequest(client_token=token, request_id="r-3", video=video)
@@ -571,7 +609,12 @@ def test_raw_bytes(daemon: Daemon, stub, method: str, data) -> None:  # type: ig
         else:
             code = call(fn, messages[0])
     COUNTS["raw:" + code.name] += 1
-    assert code in ACCEPTABLE | {grpc.StatusCode.RESOURCE_EXHAUSTED}, (code, method, messages)
+    withdrawn = WITHDRAWN if method == "Lease" else set()
+    assert code in ACCEPTABLE | {grpc.StatusCode.RESOURCE_EXHAUSTED} | withdrawn, (
+        code,
+        method,
+        messages,
+    )
     call(s.Release, pb.ReleaseRequest(client_token=token, lease_id=lease.lease_id))
 
 
@@ -757,12 +800,16 @@ def test_raw_framed_bytes(daemon: Daemon, stub, data) -> None:  # type: ignore[n
             assert connection.reply() is None, "a stranger got a reply"
             COUNTS["framed:hung-up"] += 1
         else:
-            for _ in range(len(messages) + ends):
+            for index in range(len(messages) + ends):
                 reply = connection.reply()
                 assert reply is not None, "a frame went unanswered"
                 code = reply_code(reply)
                 COUNTS[f"framed-{preamble.decode()}:{code.name}"] += 1
-                assert code in ACCEPTABLE | {grpc.StatusCode.RESOURCE_EXHAUSTED}, (code, messages)
+                withdrawn = WITHDRAWN if leases(messages, index, preamble) else set()
+                assert code in ACCEPTABLE | {grpc.StatusCode.RESOURCE_EXHAUSTED} | withdrawn, (
+                    code,
+                    messages,
+                )
                 granted = [reply.result.next_lease.lease_id, reply.result.data_lease.lease_id]
                 if preamble == b"VSF2":
                     granted.append(reply.lease.lease_id)  # a lease request that got through
@@ -775,6 +822,16 @@ def test_raw_framed_bytes(daemon: Daemon, stub, data) -> None:  # type: ignore[n
     finally:
         connection.sock.close()
         call(s.Release, pb.ReleaseRequest(client_token=token, lease_id=lease.lease_id))
+
+
+def leases(messages: list[bytes], index: int, preamble: bytes) -> bool:
+    """Whether frame `index` decodes as a Lease request on a "VSF2" connection."""
+    if preamble != b"VSF2" or index >= len(messages):
+        return False
+    try:
+        return pb.FramedRequest.FromString(messages[index]).WhichOneof("request") == "lease"
+    except DecodeError:  # not a message at all
+        return False
 
 
 def test_still_serving_and_nothing_held(daemon: Daemon, stub) -> None:  # type: ignore[no-untyped-def]

@@ -105,16 +105,19 @@ def test_deadlines_that_fall_as_results_come_leave_no_lease_for_good(make_daemon
         assert watcher.status().pool["active_leases"] <= 1  # at most the spare just granted
 
 
-def test_encodes_cancelled_at_any_moment_leave_no_lease_for_good(make_daemon) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("framed", [True, False], ids=["framed", "grpc"])
+def test_encodes_cancelled_at_any_moment_leave_no_lease_for_good(make_daemon, framed: bool) -> None:  # type: ignore[no-untyped-def]
     """asyncio cancels (`wait_for`) landing anywhere in an encode, the lease step too: a
-    lease granted in a reply the client gave up on is freed when its connection ends, and
-    the client, still busy, holds no more than its spare."""
+    lease granted in a reply the client gave up on is freed when its connection ends (the
+    framed socket), released by its request's tag (a Lease over gRPC), or expires a TTL
+    after it was granted (a spare in a result lost over gRPC), and the client, still busy,
+    holds no more than its spare."""
     import asyncio
     import random
 
     from client import AsyncSidecarClient
 
-    d = make_daemon()
+    d = make_daemon(framed_socket=framed, lease_ttl=2)
     video = np.zeros((30, 240, 320, 3), np.uint8)
 
     async def main() -> int:
@@ -124,9 +127,10 @@ def test_encodes_cancelled_at_any_moment_leave_no_lease_for_good(make_daemon) ->
             for _ in range(60):
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(c.encode(video), rng.uniform(0, 0.004))
-            for _ in range(5):  # busy: every call would renew a lease it still held
+            # Busy past the TTL: every call would renew a lease it still held.
+            busy_until = time.monotonic() + (0.5 if framed else 2.5)
+            while time.monotonic() < busy_until:
                 await c.encode(video[:2])
-            await asyncio.sleep(0.5)
             return int((await c.status()).pool["active_leases"])
 
     assert asyncio.run(main()) <= 1
@@ -142,3 +146,58 @@ def test_a_call_waits_for_room_no_longer_than_its_timeout(make_daemon, connect) 
         assert time.monotonic() - t0 < 5  # 20 s, the daemon's cap, before
         for lease in held:
             hog.release(lease)
+
+
+@pytest.mark.parametrize("framed", [True, False], ids=["framed", "grpc"])
+def test_leases_cancelled_at_any_moment_are_not_held_for_good(make_daemon, framed: bool) -> None:  # type: ignore[no-untyped-def]
+    """`lease()` itself cancelled at random moments while the client keeps calling: a
+    Lease whose reply was lost must not stay held under the client's other calls."""
+    import asyncio
+    import random
+
+    from client import AsyncSidecarClient
+
+    d = make_daemon(framed_socket=framed)
+
+    async def main() -> tuple[int, int]:
+        async with AsyncSidecarClient(d.socket) as c:
+            await c.release(await c.lease(4096))
+            rng = random.Random(11)
+            got = 0
+            for _ in range(120):
+                try:
+                    lease = await asyncio.wait_for(c.lease(4096), rng.uniform(0, 0.003))
+                except asyncio.TimeoutError:
+                    continue
+                got += 1
+                await c.release(lease)
+            await c.release(await c.lease(4096))  # a call from the client: it is busy
+            await asyncio.sleep(0.3)
+            return got, int((await c.status()).pool["active_leases"])
+
+    got, held = asyncio.run(main())
+    assert held == 0, (got, held)
+
+
+def test_a_lease_is_released_by_its_requests_tag(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    d = make_daemon()
+    with grpc.insecure_channel(f"unix:{d.socket}") as channel:
+        s = pb_grpc.VideoSidecarStub(channel)
+        token = s.Attach(pb.AttachRequest(client_name="tags")).client_token
+        s.Lease(pb.LeaseRequest(client_token=token, size=4096, tag="first"))
+        s.Release(pb.ReleaseRequest(client_token=token, tag="first"))
+        s.Release(pb.ReleaseRequest(client_token=token, tag="never-sent"))  # OK: names none
+        with pytest.raises(grpc.RpcError) as err:  # ... and the request, if it comes, fails
+            s.Lease(pb.LeaseRequest(client_token=token, size=4096, tag="never-sent"))
+        assert err.value.code() == grpc.StatusCode.CANCELLED
+        held = s.Lease(pb.LeaseRequest(client_token=token, size=4096, tag="second"))
+        for bad in (
+            pb.ReleaseRequest(client_token=token, lease_id=held.lease_id, tag="second"),
+            pb.ReleaseRequest(client_token=token, tag="not a tag"),
+        ):
+            with pytest.raises(grpc.RpcError) as err:
+                s.Release(bad)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "tag" in (err.value.details() or "")
+        s.Release(pb.ReleaseRequest(client_token=token, lease_id=held.lease_id))
+        assert s.Status(pb.StatusRequest()).pool.active_leases == 0

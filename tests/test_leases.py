@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.errors import LeaseBusy, LeaseNotFound, OutOfRange
-from sidecar.leases import LeaseTable
+from sidecar.errors import Cancelled, InvalidRequest, LeaseBusy, LeaseNotFound, OutOfRange
+from sidecar.leases import MAX_WITHDRAWN, LeaseTable, check_tag
 
 MiB = 1024 * 1024
 
@@ -184,3 +184,67 @@ def test_a_lease_handed_over_in_a_result_is_not_renewed_until_its_client_uses_it
     clock.now += 8
     t.renew("me")
     assert t.expire() == [] and t.lookup("me", used.id) is used
+
+
+# -- tags: releasing a lease whose grant never reached its client -------------------------
+
+
+def test_a_tagged_lease_is_released_by_its_tag() -> None:
+    t = table()
+    lease = t.grant("a", 4096, tag="req-1")
+    assert lease is not None
+    t.release_tagged("b", "req-1")  # another client's tag names nothing of "a"'s
+    assert len(t) == 1
+    t.release_tagged("a", "req-1")
+    assert len(t) == 0
+    assert t.grant("a", 4096, tag="req-1") is not None  # freed, so the tag names nothing
+
+
+def test_a_tag_released_before_its_grant_refuses_the_grant_for_a_ttl() -> None:
+    clock = Clock()
+    t = table(clock)
+    t.release_tagged("a", "late")
+    with pytest.raises(Cancelled, match="withdrawn"):
+        t.grant("a", 4096, tag="late")
+    assert t.grant("b", 4096, tag="late") is not None  # tags are per client
+    clock.now += 10.1
+    assert t.grant("a", 4096, tag="late") is not None
+
+
+def test_a_tag_names_one_live_lease() -> None:
+    t = table()
+    assert t.grant("a", 4096, tag="x") is not None
+    with pytest.raises(InvalidRequest, match="tag"):
+        t.grant("a", 4096, tag="x")
+
+
+def test_a_tagged_lease_in_an_encode_is_freed_when_the_encode_lets_go() -> None:
+    t = table()
+    lease = t.grant("a", 4096, tag="x")
+    assert lease is not None
+    taken = t.take("a", [lease.id])
+    t.release_tagged("a", "x")
+    assert len(t) == 1
+    t.untake(taken)  # it would have gone back to the client: released, it is freed
+    assert len(t) == 0
+
+
+def test_withdrawn_tags_are_bounded() -> None:
+    clock = Clock()
+    t = table(clock)
+    for n in range(MAX_WITHDRAWN + 10):
+        t.release_tagged("a", f"t{n}")
+    assert t.grant("a", 4096, tag="t0") is not None  # the oldest forgotten
+    with pytest.raises(Cancelled):
+        t.grant("a", 4096, tag=f"t{MAX_WITHDRAWN + 9}")
+
+
+@pytest.mark.parametrize("tag", ["", "a", "A-z_09", "x" * 64])
+def test_tags_that_are_taken(tag: str) -> None:
+    check_tag(tag)
+
+
+@pytest.mark.parametrize("tag", ["x" * 65, "a b", "a/b", "../x", "\x1b[2J", "é", "a\nb", "\x00"])
+def test_tags_that_are_refused(tag: str) -> None:
+    with pytest.raises(InvalidRequest, match="tag"):
+        check_tag(tag)

@@ -133,14 +133,16 @@ class AttachResponse(_message.Message):
     def __init__(self, client_token: _Optional[str] = ..., instance_id: _Optional[str] = ..., shm_dir: _Optional[str] = ..., slabs: _Optional[_Iterable[_Union[Slab, _Mapping]]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., server_version: _Optional[str] = ..., framed_socket: _Optional[str] = ..., framed_version: _Optional[int] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
-    __slots__ = ("client_token", "size", "wait_ms")
+    __slots__ = ("client_token", "size", "wait_ms", "tag")
     CLIENT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
     client_token: str
     size: int
     wait_ms: int
-    def __init__(self, client_token: _Optional[str] = ..., size: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+    tag: str
+    def __init__(self, client_token: _Optional[str] = ..., size: _Optional[int] = ..., wait_ms: _Optional[int] = ..., tag: _Optional[str] = ...) -> None: ...
 
 class LeaseResponse(_message.Message):
     __slots__ = ("lease_id", "slab_id", "offset", "size", "ttl_ms")
@@ -157,12 +159,14 @@ class LeaseResponse(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., slab_id: _Optional[int] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
-    __slots__ = ("client_token", "lease_id")
+    __slots__ = ("client_token", "lease_id", "tag")
     CLIENT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
     client_token: str
     lease_id: str
-    def __init__(self, client_token: _Optional[str] = ..., lease_id: _Optional[str] = ...) -> None: ...
+    tag: str
+    def __init__(self, client_token: _Optional[str] = ..., lease_id: _Optional[str] = ..., tag: _Optional[str] = ...) -> None: ...
 
 class ReleaseResponse(_message.Message):
     __slots__ = ()

@@ -1,0 +1,42 @@
+"""A Lease sent as the gRPC call, named so that a lost reply loses no lease.
+
+The framed socket frees a lease granted in a connection's last reply when the connection
+ends unread (see `sidecar.framed`). A gRPC call has no such end: the daemon may grant the
+lease just as the client gives up on the call (a cancel, a deadline, Ctrl-C), and the
+client's other calls would then renew a lease it never learnt of until it went quiet.
+So the request carries a random tag, and a call that failed without the daemon's answer
+releases by that tag whatever it may have granted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+
+from sidecar.api.v1 import sidecar_pb2 as pb
+
+from ._errors import RequestError
+from ._steps import Call, Steps
+
+# The cleanup's own wait: a daemon that answers at all does in about a millisecond, and a
+# hung one should not hold a failing call up for long.
+WITHDRAW_TIMEOUT = 2.0
+
+
+def lease_over_grpc(request: pb.LeaseRequest, timeout: float) -> Steps[pb.LeaseResponse]:
+    """The Lease call for `request`, tagged; on a failure that is not the daemon's refusal
+    (a `RequestError` grants nothing), the tag is released before the error goes on."""
+    tagged = pb.LeaseRequest()
+    tagged.CopyFrom(request)
+    tagged.tag = secrets.token_hex(12)
+    try:
+        resp: pb.LeaseResponse = yield Call("Lease", tagged, timeout)
+    except GeneratorExit:  # the steps were dropped unfinished: nothing more may be done
+        raise
+    except BaseException as err:
+        if not isinstance(err, RequestError):
+            withdraw = pb.ReleaseRequest(client_token=request.client_token, tag=tagged.tag)
+            with contextlib.suppress(Exception):  # best effort: the TTL reclaims it otherwise
+                yield Call("Release", withdraw, min(timeout, WITHDRAW_TIMEOUT))
+        raise
+    return resp
