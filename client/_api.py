@@ -241,6 +241,7 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
         request_id: str = "",
         on_chunk: Callable[[bytes], None] | None = None,
         on_progress: ProgressCallback | None = None,
+        timeout: float | None = None,
     ) -> StreamT:
         """A streaming encode: `with client.stream(fps=24) as s: s.write(chunk)`.
 
@@ -263,9 +264,13 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
             on_chunk: called with each piece of output as it arrives; with
                 container="fmp4" and no `path` that is while encoding. Or iterate
                 `s.chunks()` (from another thread, or task).
+            timeout: seconds for the whole stream, from the first `write` to the result
+                (its call's gRPC deadline; a `write` waiting for a lease waits no longer);
+                None for the client's. Past it, `write` or `close` raises
+                `DeadlineExceeded` and the daemon stops the encode and frees its leases.
         """
         options = EncodeOptions.of(locals())
-        check_callbacks(on_progress=on_progress, on_chunk=on_chunk)
+        check_callbacks(timeout=timeout, on_progress=on_progress, on_chunk=on_chunk)
         pcm = prepare_audio(audio, sample_rate) if audio is not None else None
         declared = (sample_rate, channels) if pcm is None and sample_rate and channels else None
         core = StreamCore(
@@ -276,6 +281,7 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
             audio_format=declared,
             on_chunk=on_chunk,
             on_progress=on_progress,
+            timeout=timeout,
         )
         return self._stream(core)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
@@ -31,7 +32,7 @@ from sidecar.vocabulary import SAMPLE_FORMATS
 
 from ._audio import Pcm, prepare_audio
 from ._core import ClientCore
-from ._errors import Cancelled, InvalidArgument, error_from_rpc
+from ._errors import Cancelled, DeadlineExceeded, InvalidArgument, error_from_rpc
 from ._options import EncodeOptions, VideoFormat, VideoGeometry
 from ._plan import copy_step, plan_ranges
 from ._results import Clock, ResultBuilder
@@ -67,7 +68,10 @@ class StreamCore:
         self.audio_format = audio_format if audio is None else (audio.sample_rate, audio.channels)
         # Output as it arrives, then None once the replies end: the twin's `chunks()`.
         self.on_data: Callable[[bytes | None], object] = lambda data: None
-        self.timeout = timeout  # for the whole stream, as a gRPC deadline
+        # For the whole stream, from its first write: the call's gRPC deadline, and the
+        # most each write waits for a lease.
+        self.timeout = timeout
+        self.deadline: float | None = None
         self.builder = ResultBuilder(on_progress, on_chunk)
         self.range_warned = False  # a float range warning is given once a stream
         self.clock = clock or Clock()
@@ -108,8 +112,12 @@ class StreamCore:
                 yield from self._open(geometry)
                 yield from self._send_inline(source, first, count)
                 continue
-            with self.clock.leasing():
-                lease = yield from self.client.lease(count * source.frame_bytes)  # backpressure
+            wait = self._left()
+            with self.clock.leasing():  # backpressure: the pool is full while encodes lag
+                lease = yield from self.client.lease(
+                    count * source.frame_bytes,
+                    None if wait is None else min(wait, self.client.lease_wait),
+                )
             try:
                 # After a lease, so that a stale token (the daemon restarted) is renewed.
                 yield from self._open(geometry)
@@ -134,8 +142,21 @@ class StreamCore:
         if self.audio is not None:
             audio_data = yield from self.client.audio_data(self.audio, self._took)
         header = self.options.header(att.client_token, geometry, self.audio_spec(), audio_data)
-        self.call = yield OpenStream(header, self.timeout or self.client.timeout, self)
+        self.call = yield OpenStream(header, self._left(), self)
         self.geometry = geometry
+
+    def _left(self) -> float | None:
+        """Seconds left of the stream's timeout (or the client's), counted from the first
+        write; None without one."""
+        timeout = self.timeout or self.client.timeout
+        if timeout is None:
+            return None
+        now = time.monotonic()
+        if self.deadline is None:
+            self.deadline = now + timeout
+        if now >= self.deadline:
+            raise DeadlineExceeded(f"the stream's timeout of {timeout:g} s passed")
+        return self.deadline - now
 
     def _send_inline(self, source: VideoSource, first: int, count: int) -> Steps[None]:
         buffer = np.empty(count * source.frame_bytes, dtype=np.uint8)

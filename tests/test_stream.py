@@ -384,3 +384,28 @@ def test_a_stream_callback_that_raises_gives_the_caller_its_error(
             for chunk in chunks_of(video, 12):
                 s.write(chunk)
         assert wait_for_idle(c, timeout=10).pool["active_leases"] == 0
+
+
+@pytest.mark.parametrize("timeout", [0, -1, float("nan"), "5"])
+def test_a_stream_timeout_must_be_a_positive_number(client: Any, timeout: Any) -> None:
+    with pytest.raises(InvalidArgument, match="timeout"):
+        client.stream(fps=24, timeout=timeout)
+
+
+def test_a_stream_ends_at_its_timeout_and_frees_its_leases(make_daemon, connect) -> None:  # type: ignore[no-untyped-def]
+    """Chunks written slowly, past the stream's `timeout`: a write (or the close) raises
+    DeadlineExceeded well before the writer would stop, and no lease stays held."""
+    d = make_daemon()
+    chunk = np.zeros((4, 64, 96, 3), np.uint8)
+    with connect(d) as c:
+        t0 = time.monotonic()
+        with pytest.raises(DeadlineExceeded), c.stream(fps=24, timeout=0.8) as s:
+            while time.monotonic() - t0 < 10:
+                s.write(chunk)
+                time.sleep(0.05)
+        assert time.monotonic() - t0 < 3
+        status = wait_for_idle(c, leases=1, timeout=10)
+        assert status.pool["active_leases"] <= 1, status.pool  # the client's spare at most
+        with c.stream(fps=24, timeout=5) as s:  # the next one, within its timeout, encodes
+            s.write(chunk)
+        assert s.result.frames == 4
