@@ -221,6 +221,12 @@ class EncoderProcess:
             self.popen.wait()
 
 
+def _stopped(popen: subprocess.Popen[bytes]) -> None:
+    """Say that an encoder process ended; with `--log-json`, its pid and exit code as keys."""
+    extra = {"encoder_pid": popen.pid, "exit_code": popen.returncode}
+    log.warning(STOPPED, popen.pid, popen.returncode, extra=extra)
+
+
 def _ranked(
     procs: list[EncoderProcess], key: EncoderKey, now: float
 ) -> list[tuple[int, EncoderProcess]]:
@@ -348,7 +354,7 @@ class EncoderProcesses:
             else:
                 return
         proc.stop()  # reaped: its exit code is known
-        log.warning(STOPPED, proc.popen.pid, proc.popen.returncode)
+        _stopped(proc.popen)
 
     def _maintain(self) -> None:
         while not self._closed:
@@ -406,7 +412,7 @@ class EncoderProcesses:
             proc.stop()
         for proc in dead:
             if proc.started:
-                log.warning(STOPPED, proc.popen.pid, proc.popen.returncode)
+                _stopped(proc.popen)
         failed = [proc.popen.returncode for proc in dead if not proc.started]
         if failed:
             log.warning(

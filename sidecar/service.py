@@ -271,7 +271,6 @@ class Sidecar:
 
     def _accept(self, spec: EncodeSpec, *, stream: bool = False) -> Accepted:
         self._check_accepting()
-        self.stats.requests += 1
         self._seen(spec.client_token)
         return self.planner.accept(spec, stream=stream)
 
@@ -436,6 +435,10 @@ class Sidecar:
         )
 
     # -- reporting -----------------------------------------------------------------------
+
+    def received(self) -> None:
+        """An encode request came, to be taken or refused: `requests` counts them all."""
+        self.stats.requests += 1
 
     def record_error(self, error: SidecarError) -> None:
         self.stats.record_error(error.reason)

@@ -364,6 +364,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         once recorded, and a bug of ours as EncodeFailed: the caller sends it, as a status
         or a reply. A result's `after` goes to `when_sent`, which runs it once the answer
         has gone out."""
+        self.sidecar.received()
         outcome = "CANCELLED"  # ended before its result: the client went away
         error = ""
         frames = size = 0

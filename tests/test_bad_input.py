@@ -291,3 +291,30 @@ def test_output_paths_are_printable(client: Any, twin: str, name: str, frames: n
     assert info.value.reason is Reason.INVALID_REQUEST
     fine = client.encode(frames, path=f"écrit/ビデオ-{twin}.mp4", overwrite=True)
     assert fine.frames == len(frames)
+
+
+def test_every_encode_request_is_counted_refused_ones_too(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    """`requests` in the status counts each encode request the daemon received, as
+    `video_sidecar_requests_total` does: those refused before any check of their video
+    (an undecodable message, a bad request id, a stream without a header) as well."""
+    import grpc
+
+    from sidecar.api.v1 import sidecar_pb2 as pb
+    from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
+
+    d = make_daemon()
+    with grpc.insecure_channel(f"unix:{d.socket}") as channel, d.client() as c:
+        s = pb_grpc.VideoSidecarStub(channel)
+        before = c.status().counters["requests"]
+        refused = [
+            lambda: s.EncodeOnce(pb.EncodeRequest(request_id="has space")),
+            lambda: list(s.Encode(pb.EncodeRequest(request_id="\x1b[2J"))),
+            lambda: list(s.EncodeStream(iter([pb.StreamRequest(end=pb.StreamEnd())]))),
+            lambda: channel.unary_unary("/video_sidecar.v1.VideoSidecar/EncodeOnce")(b"\xff\xff"),
+        ]
+        for call in refused:
+            with pytest.raises(grpc.RpcError) as err:
+                call()
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        c.encode(np.zeros((2, H, W, 3), np.uint8))
+        assert c.status().counters["requests"] == before + len(refused) + 1

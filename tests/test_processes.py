@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -639,3 +640,22 @@ def test_an_idle_daemon_gives_its_encoders_memory_back(  # type: ignore[no-untyp
     assert wait_for(lambda: tree() < back, timeout=15), (before, loaded, tree())
     with d.client() as c:  # and the next request still finds an encoder
         assert decode(c.encode(clip).data)[0].shape == clip.shape
+
+
+def test_a_stopped_process_is_logged_with_its_pid_as_a_key(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    """With `--log-json`, an encoder process's end carries `encoder_pid` and `exit_code`."""
+    d = make_daemon(encoder_processes=2, log_json="true")
+    clip = moving_pattern(16, 240, 320)
+    encode_until_in_processes(d, clip)
+    pid = encoder_processes(d)[0]
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    found: list[dict[str, object]] = []
+    while not found and time.monotonic() < deadline:
+        with d.client() as c:
+            c.encode(clip)  # the next check finds it at the latest
+        records = [json.loads(line) for line in d.log().splitlines() if line.startswith("{")]
+        found = [r for r in records if r.get("encoder_pid") == pid]
+        time.sleep(0.2)
+    assert found, d.log()[-3000:]
+    assert found[0]["exit_code"] == -9 and found[0]["level"] == "warning"
