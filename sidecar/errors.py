@@ -16,6 +16,7 @@ nothing below the servicer knows about gRPC.
     │   └── DiskFull            no space left on the output device
     ├── EncodeFailed            the encoder itself failed
     ├── Cancelled               the request was cancelled mid-way
+    │   └── DeadlinePassed      ... because its call's deadline passed
     └── ShuttingDown            the daemon is draining and takes no new work
 """
 
@@ -99,6 +100,12 @@ class Cancelled(SidecarError):
     """The client cancelled the request or its deadline passed."""
 
     reason = Reason.CANCELLED
+
+
+class DeadlinePassed(Cancelled):
+    """The call's deadline passed before its encode finished; the encode was stopped."""
+
+    reason = Reason.DEADLINE_EXCEEDED
 
 
 class ShuttingDown(SidecarError):

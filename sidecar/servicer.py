@@ -43,7 +43,7 @@ from .convert import (
     stream_messages,
     stream_spec_from_proto,
 )
-from .errors import EncodeFailed, InvalidRequest, SidecarError
+from .errors import Cancelled, DeadlinePassed, EncodeFailed, InvalidRequest, SidecarError
 from .events import Chunk, Progress
 from .requests import Result
 from .service import Sidecar
@@ -65,6 +65,7 @@ STATUS_OF: dict[Reason, grpc.StatusCode] = {
     Reason.ENCODE_FAILED: grpc.StatusCode.INTERNAL,
     Reason.CANCELLED: grpc.StatusCode.CANCELLED,
     Reason.SHUTTING_DOWN: grpc.StatusCode.UNAVAILABLE,
+    Reason.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 
 _REQUEST_ID_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
@@ -201,7 +202,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
                     if isinstance(event, Result):  # progress is not sent: the result is the reply
                         result = result_to_proto(event, self.sidecar.config.lease_ttl)
             except SidecarError as exc:
-                await self._fail(context, exc)
+                await self._fail(context, end.why(exc))
         return result
 
     async def EncodeSession(
@@ -350,7 +351,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
                 ):
                     yield event_to_proto(event, self.sidecar.config.lease_ttl)
             except SidecarError as exc:
-                await self._fail(context, exc)
+                await self._fail(context, end.why(exc))
 
     async def _relay(
         self,
@@ -456,9 +457,10 @@ class CallEnd:
 
     def __init__(self, remaining: float | None = None) -> None:
         self.ended = False
+        self.deadline_passed = False
         self._current: threading.Event | None = None
         self._deadline = (
-            asyncio.get_running_loop().call_later(max(0.0, remaining), self.end)
+            asyncio.get_running_loop().call_later(max(0.0, remaining), self._at_deadline)
             if remaining is not None
             else None
         )
@@ -481,6 +483,18 @@ class CallEnd:
         self.ended = True
         if self._current is not None:
             self._current.set()
+
+    def _at_deadline(self) -> None:
+        self.deadline_passed = not self.ended
+        self.end()
+
+    def why(self, exc: SidecarError) -> SidecarError:
+        """The error to answer with: a stop this deadline caused says so. (The daemon's
+        timer may fire before the client's; the client should see its deadline, not a
+        cancel it never made.)"""
+        if self.deadline_passed and type(exc) is Cancelled:
+            return DeadlinePassed("the call's deadline passed before the encode finished")
+        return exc
 
     def __enter__(self) -> CallEnd:
         return self

@@ -49,6 +49,7 @@ class Reason(str, enum.Enum):
     ENCODE_FAILED = "ENCODE_FAILED"
     CANCELLED = "CANCELLED"
     SHUTTING_DOWN = "SHUTTING_DOWN"
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
 
     @property
     def proto(self) -> pb.ErrorReason:

@@ -379,3 +379,30 @@ def test_av1_under_four_pixels_names_the_side(stub, token: str) -> None:
     assert reason_of(err)[1].metadata["field"] == "video.width"
     assert "av1 needs 4x4 at least" in err.details()  # type: ignore[attr-defined]
     assert released(stub, token, lz.lease_id)
+
+
+def test_an_encode_stopped_by_its_calls_deadline_answers_deadline_exceeded() -> None:
+    """The daemon's own timer for a call's deadline may fire before the client's: the
+    encode it stops answers DEADLINE_EXCEEDED, which the client reads as its deadline,
+    not CANCELLED, a cancel the client never made."""
+    import asyncio
+
+    from sidecar.errors import Cancelled, DeadlinePassed, ShuttingDown
+    from sidecar.servicer import CallEnd, status_of
+
+    async def main() -> None:
+        with CallEnd(0.01) as timed:
+            await asyncio.sleep(0.05)
+            assert timed.ended and timed.event().is_set()
+            answer = timed.why(Cancelled("cancelled by the client"))
+            assert isinstance(answer, DeadlinePassed)
+            assert status_of(answer) == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert answer.reason.proto == pb.ERROR_REASON_DEADLINE_EXCEEDED
+            other = ShuttingDown("draining")  # other errors keep their own code
+            assert timed.why(other) is other
+        with CallEnd(5.0) as gone:  # the client went away before its deadline
+            gone.end()
+            cancel = Cancelled("cancelled by the client")
+            assert gone.why(cancel) is cancel
+
+    asyncio.run(main())

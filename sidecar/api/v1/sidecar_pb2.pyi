@@ -23,6 +23,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_REASON_ENCODE_FAILED: _ClassVar[ErrorReason]
     ERROR_REASON_CANCELLED: _ClassVar[ErrorReason]
     ERROR_REASON_SHUTTING_DOWN: _ClassVar[ErrorReason]
+    ERROR_REASON_DEADLINE_EXCEEDED: _ClassVar[ErrorReason]
 
 class PixelFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -59,6 +60,7 @@ ERROR_REASON_DISK_FULL: ErrorReason
 ERROR_REASON_ENCODE_FAILED: ErrorReason
 ERROR_REASON_CANCELLED: ErrorReason
 ERROR_REASON_SHUTTING_DOWN: ErrorReason
+ERROR_REASON_DEADLINE_EXCEEDED: ErrorReason
 PIXEL_FORMAT_UNSPECIFIED: PixelFormat
 PIXEL_FORMAT_RGB24: PixelFormat
 PIXEL_FORMAT_BGR24: PixelFormat
