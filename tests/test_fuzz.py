@@ -404,24 +404,25 @@ def test_lease_and_release(  # type: ignore[no-untyped-def]
         assert not tag or TAG_RULE.fullmatch(tag), tag
     if release_tag:  # by the tag alone: OK whether or not it names a lease, if well formed
         by_tag = pb.ReleaseRequest(client_token=tok, tag=release_tag)
-        if framed_way:
-            code = reply_code(framed(daemon).exchange(by_tag))
-        else:
-            code = call(s.Release, by_tag)
+        code = release_code(daemon, s, by_tag, framed_way)
         COUNTS["release-tag:" + code.name] += 1
         assert code in CLIENT_ERRORS | {grpc.StatusCode.OK}
         if tok == good:
             assert (code == grpc.StatusCode.OK) == bool(TAG_RULE.fullmatch(release_tag)), code
     if release != "same":
         release_request = pb.ReleaseRequest(client_token=tok, lease_id=release)
-        if framed_way:
-            code = reply_code(framed(daemon).exchange(release_request))
-        else:
-            code = call(s.Release, release_request)
+        code = release_code(daemon, s, release_request, framed_way)
         COUNTS["release:" + code.name] += 1
         assert code in CLIENT_ERRORS
     if got is not None:
         call(s.Release, pb.ReleaseRequest(client_token=tok, lease_id=got.lease_id))
+
+
+def release_code(daemon, s, request: pb.ReleaseRequest, framed_way: bool) -> grpc.StatusCode:  # type: ignore[no-untyped-def]
+    """A Release's answer, on a kept framed connection or as the gRPC call."""
+    if framed_way:
+        return reply_code(framed(daemon).exchange(request))
+    return call(s.Release, request)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
