@@ -75,11 +75,16 @@ class AsyncSidecarClient(ClientApi[Coroutine[Any, Any, EncodeResult], "AsyncVide
             raise SidecarUnavailable(
                 "an AsyncSidecarClient cannot be used after fork; make one in the child"
             )
+        # A Release is cleanup (the steps give leases back when cancelled): it runs to its
+        # end even if cancelled again meanwhile, as anyio cancels at every await, or a
+        # lease would stay held while this client's other calls renew it.
         if isinstance(op, Call):
-            method = getattr(self._stubs[op.service], op.method)
-            return await method(op.request, timeout=op.timeout)
+            call = getattr(self._stubs[op.service], op.method)(op.request, timeout=op.timeout)
+            return await (to_the_end(call) if op.method == "Release" else call)
         if isinstance(op, Exchange):  # framed only: `_KEEPS_SESSIONS` is False
-            return await self._exchange(op)
+            exchange = self._exchange(op)
+            releases = isinstance(op.request, pb.ReleaseRequest)
+            return await (to_the_end(exchange) if releases else exchange)
         if isinstance(op, Replies):
             async for event in self._stubs["sidecar"].Encode(op.request, timeout=op.timeout):
                 op.feed(event)

@@ -38,7 +38,7 @@ from ._errors import (
     error_from_session,
 )
 from ._framed import framed_path
-from ._leasing import lease_over_grpc
+from ._leasing import lease_over_grpc, room_within
 from ._options import VideoFormat, check_lease
 from ._results import attachment_from_proto, status_from_proto
 from ._slabs import SlabMap
@@ -315,15 +315,13 @@ class ClientCore:
             yield from self.give_back([stale])
         if spare is not None:
             return spare
-        return (yield from self.lease(nbytes, min(self.lease_wait, within or self.lease_wait)))
+        wait = min(self.lease_wait, within or self.lease_wait)
+        return (yield from room_within(self.lease(nbytes, wait), wait < self.lease_wait, within))
 
     def _take_spare(self, nbytes: int) -> tuple[Lease | None, Lease | None]:
-        """(a spare lease to use for `nbytes`, or None; a spare to give back, or None).
-
-        A spare is used only while it is surely alive: well within its TTL, counted from
-        before it was granted. Writing into an expired lease could overwrite frames that
-        another client now owns.
-        """
+        """(a spare lease to use for `nbytes`, or None; a spare to give back, or None). A
+        spare is used only while surely alive, well within its TTL counted from before it
+        was granted: writing into an expired lease could overwrite another client's frames."""
         with self._spare_lock:
             spare, self._spare = self._spare, None
         if spare is None:

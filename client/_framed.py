@@ -78,6 +78,8 @@ async def to_the_end(work: Awaitable[T]) -> T:
         while not future.done():
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.wait({future})
+        if not future.cancelled():
+            future.exception()  # retrieved: the cancel goes on, not the work's own error
         raise
 
 

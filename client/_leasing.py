@@ -1,4 +1,5 @@
-"""A Lease sent as the gRPC call, named so that a lost reply loses no lease.
+"""A Lease sent as the gRPC call, named so that a lost reply loses no lease; and a wait
+for room that a call's timeout cuts short.
 
 The framed socket frees a lease granted in a connection's last reply when the connection
 ends unread (see `sidecar.framed`). A gRPC call has no such end: the daemon may grant the
@@ -14,9 +15,11 @@ import contextlib
 import secrets
 
 from sidecar.api.v1 import sidecar_pb2 as pb
+from sidecar.vocabulary import Reason
 
-from ._errors import RequestError
+from ._errors import DeadlineExceeded, RequestError, ResourceExhausted
 from ._steps import Call, Steps
+from ._types import Lease
 
 # The cleanup's own wait: a daemon that answers at all does in about a millisecond, and a
 # hung one should not hold a failing call up for long.
@@ -40,3 +43,16 @@ def lease_over_grpc(request: pb.LeaseRequest, timeout: float) -> Steps[pb.LeaseR
                 yield Call("Release", withdraw, min(timeout, WITHDRAW_TIMEOUT))
         raise
     return resp
+
+
+def room_within(lease: Steps[Lease], cut: bool, timeout: float | None) -> Steps[Lease]:
+    """`lease`, whose wait for room was cut short by a call's `timeout` when `cut`: a pool
+    still full when that time is up is the call's deadline passing, not a refusal."""
+    try:
+        return (yield from lease)
+    except ResourceExhausted as err:
+        if not cut or err.reason is not Reason.POOL_EXHAUSTED:
+            raise
+        raise DeadlineExceeded(
+            f"the timeout of {timeout:g} s passed while waiting for room in the pool: {err.message}"
+        ) from None

@@ -33,6 +33,7 @@ from sidecar.vocabulary import SAMPLE_FORMATS
 from ._audio import Pcm, prepare_audio
 from ._core import ClientCore
 from ._errors import Cancelled, DeadlineExceeded, InvalidArgument, error_from_rpc
+from ._leasing import room_within
 from ._options import EncodeOptions, VideoFormat, VideoGeometry
 from ._plan import copy_step, plan_ranges
 from ._results import Clock, ResultBuilder
@@ -112,11 +113,13 @@ class StreamCore:
                 yield from self._open(geometry)
                 yield from self._send_inline(source, first, count)
                 continue
-            wait = self._left()
+            left = self._left()
+            wait = self.client.lease_wait if left is None else min(left, self.client.lease_wait)
             with self.clock.leasing():  # backpressure: the pool is full while encodes lag
-                lease = yield from self.client.lease(
-                    count * source.frame_bytes,
-                    None if wait is None else min(wait, self.client.lease_wait),
+                lease = yield from room_within(
+                    self.client.lease(count * source.frame_bytes, wait),
+                    wait < self.client.lease_wait,
+                    self.timeout or self.client.timeout,
                 )
             try:
                 # After a lease, so that a stale token (the daemon restarted) is renewed.

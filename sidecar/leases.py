@@ -33,9 +33,10 @@ from dataclasses import dataclass
 from .allocator import RegionAllocator
 from .errors import Cancelled, InvalidRequest, LeaseBusy, LeaseNotFound, OutOfRange
 
-# Tags released before a grant, remembered for a TTL: at most this many, the oldest
-# forgotten first (a client withdraws one only when a Lease reply was lost).
-MAX_WITHDRAWN = 4096
+# Tags released before a grant, remembered for a TTL: at most this many a client, its
+# oldest forgotten first. A client withdraws one only when a Lease reply was lost, and
+# another client's withdrawals never push out its own.
+MAX_WITHDRAWN = 64
 TAG = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
@@ -93,7 +94,7 @@ class LeaseTable:
         self._leases: dict[str, Lease] = {}
         self._by_owner: dict[str, dict[str, Lease]] = {}
         self._tagged: dict[tuple[str, str], Lease] = {}
-        self._withdrawn: dict[tuple[str, str], float] = {}  # (owner, tag): until
+        self._withdrawn: dict[str, dict[str, float]] = {}  # owner: {tag: until}
         self._lock = threading.Lock()
         self.on_free = on_free
         self.granted = 0
@@ -254,6 +255,7 @@ class LeaseTable:
             for lease in stale:
                 self._drop(lease)
             self.expired += len(stale)
+            self._forget_withdrawn(now)
         if stale:
             self._notify()
         return stale
@@ -289,7 +291,7 @@ class LeaseTable:
         return lease
 
     def _check_tag(self, owner: str, tag: str) -> None:
-        until = self._withdrawn.get((owner, tag))
+        until = self._withdrawn.get(owner, {}).get(tag)
         if until is not None and until > self._clock():
             raise Cancelled(f"the lease request {tag!r} was withdrawn by its client")
         if (owner, tag) in self._tagged:
@@ -297,12 +299,23 @@ class LeaseTable:
 
     def _withdraw(self, owner: str, tag: str) -> None:
         now = self._clock()
-        while self._withdrawn:  # oldest first: drop the expired, and any over the cap
-            oldest, until = next(iter(self._withdrawn.items()))
-            if until > now and len(self._withdrawn) < MAX_WITHDRAWN:
+        mine = self._withdrawn.setdefault(owner, {})
+        mine.pop(tag, None)  # to the end: the newest
+        while mine:  # oldest first: drop the expired, and any over the cap
+            oldest, until = next(iter(mine.items()))
+            if until > now and len(mine) < MAX_WITHDRAWN:
                 break
-            del self._withdrawn[oldest]
-        self._withdrawn[(owner, tag)] = now + self.ttl
+            del mine[oldest]
+        mine[tag] = now + self.ttl
+
+    def _forget_withdrawn(self, now: float) -> None:
+        """Drop the tags whose TTL has passed, and the clients left with none."""
+        for owner, mine in list(self._withdrawn.items()):
+            for tag, until in list(mine.items()):
+                if until <= now:
+                    del mine[tag]
+            if not mine:
+                del self._withdrawn[owner]
 
     def _drop(self, lease: Lease) -> None:
         del self._leases[lease.id]

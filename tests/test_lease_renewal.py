@@ -141,9 +141,15 @@ def test_a_call_waits_for_room_no_longer_than_its_timeout(make_daemon, connect) 
     with connect(d) as c, d.client() as hog:
         held = [hog.lease(16 * 1024 * 1024) for _ in range(4)]  # the whole pool
         t0 = time.monotonic()
-        with pytest.raises((ResourceExhausted, DeadlineExceeded)):
+        with pytest.raises(DeadlineExceeded, match="waiting for room"):  # not a refusal
             c.encode(np.zeros((4, 64, 64, 3), np.uint8), timeout=1.0)
         assert time.monotonic() - t0 < 5  # 20 s, the daemon's cap, before
+        t0 = time.monotonic()
+        with pytest.raises(DeadlineExceeded), c.stream(fps=24, timeout=1.0) as s:
+            s.write(np.zeros((4, 64, 64, 3), np.uint8))
+        assert time.monotonic() - t0 < 5
+        with connect(d, lease_wait=1.0) as brief, pytest.raises(ResourceExhausted):
+            brief.encode(np.zeros((4, 64, 64, 3), np.uint8), timeout=30.0)  # its whole wait
         for lease in held:
             hog.release(lease)
 
@@ -201,3 +207,31 @@ def test_a_lease_is_released_by_its_requests_tag(make_daemon) -> None:  # type: 
             assert "tag" in (err.value.details() or "")
         s.Release(pb.ReleaseRequest(client_token=token, lease_id=held.lease_id))
         assert s.Status(pb.StatusRequest()).pool.active_leases == 0
+
+
+@pytest.mark.parametrize("framed", [True, False], ids=["framed", "grpc"])
+def test_a_lease_cancelled_twice_is_not_held_for_good(make_daemon, framed: bool) -> None:  # type: ignore[no-untyped-def]
+    """Cancelled again while it cleans up (anyio cancels at every await): the release that
+    gives back what the call may have been granted still runs to its end."""
+    import asyncio
+
+    from client import AsyncSidecarClient
+
+    d = make_daemon(framed_socket=framed)
+
+    async def main() -> int:
+        async with AsyncSidecarClient(d.socket) as c:
+            await c.release(await c.lease(4096))
+            for i in range(80):
+                task = asyncio.create_task(c.lease(1 << 20, wait=1))
+                await asyncio.sleep(0.0005 * (i % 8))
+                task.cancel()
+                await asyncio.sleep(0)  # the cleanup has started
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await c.release(await task)
+            await c.release(await c.lease(4096))  # busy: its calls would renew a lost lease
+            await asyncio.sleep(0.3)
+            return int((await c.status()).pool["active_leases"])
+
+    assert asyncio.run(main()) == 0

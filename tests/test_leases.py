@@ -229,14 +229,20 @@ def test_a_tagged_lease_in_an_encode_is_freed_when_the_encode_lets_go() -> None:
     assert len(t) == 0
 
 
-def test_withdrawn_tags_are_bounded() -> None:
+def test_withdrawn_tags_are_bounded_for_each_client_and_forgotten_after_a_ttl() -> None:
     clock = Clock()
     t = table(clock)
-    for n in range(MAX_WITHDRAWN + 10):
-        t.release_tagged("a", f"t{n}")
-    assert t.grant("a", 4096, tag="t0") is not None  # the oldest forgotten
+    t.release_tagged("victim", "lost")
+    for n in range(MAX_WITHDRAWN * 100):  # another client's flood
+        t.release_tagged("flood", f"t{n}")
+    with pytest.raises(Cancelled):  # not pushed out by the flood
+        t.grant("victim", 4096, tag="lost")
+    assert t.grant("flood", 4096, tag="t0") is not None  # its own oldest forgotten
     with pytest.raises(Cancelled):
-        t.grant("a", 4096, tag=f"t{MAX_WITHDRAWN + 9}")
+        t.grant("flood", 4096, tag=f"t{MAX_WITHDRAWN * 100 - 1}")
+    clock.now += 10.1
+    t.expire()
+    assert t._withdrawn == {}  # nothing kept past the TTL
 
 
 @pytest.mark.parametrize("tag", ["", "a", "A-z_09", "x" * 64])
