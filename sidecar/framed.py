@@ -146,9 +146,7 @@ class FramedServer:
                 else self.servicer.session(requests, end, reply_data_max=REPLY_DATA_MAX)
             )
             async for reply, sent in replies:
-                # Before it is written: the client may answer before `drain` returns.
-                if isinstance(reply, pb.FramedReply) and reply.WhichOneof("reply") == "lease":
-                    unread.lease = reply.lease.lease_id
+                unread.leases = granted(reply)  # before it is written: the client may answer
                 data = reply.SerializeToString()
                 writer.writelines((_LENGTH.pack(len(data)), data))  # one send, no join
                 await writer.drain()
@@ -160,17 +158,27 @@ class FramedServer:
             end.end()
             if read is not None:
                 read.cancel()
-            if unread.lease:
-                self.servicer.sidecar.leases.free_unused(unread.lease)
+            for lease_id in unread.leases:
+                self.servicer.sidecar.leases.free_unused(lease_id)
             writer.close()
             self._connections.discard(task)
 
 
 class Unread:
-    """The lease in a connection's last reply, until the client shows it read that reply
-    by sending another request."""
+    """The leases granted in a connection's last reply (a Lease's, an encode's spare and
+    output), until the client shows it read that reply by sending another request."""
 
-    lease = ""
+    leases: tuple[str, ...] = ()
+
+
+def granted(reply: pb.FramedReply | pb.SessionReply) -> tuple[str, ...]:
+    """The leases a reply hands the client."""
+    if isinstance(reply, pb.FramedReply) and reply.WhichOneof("reply") == "lease":
+        return (reply.lease.lease_id,)
+    if reply.HasField("result"):
+        result = reply.result
+        return tuple(filter(None, (result.next_lease.lease_id, result.data_lease.lease_id)))
+    return ()
 
 
 async def _read(
@@ -193,7 +201,7 @@ async def _read(
                 pending.put_nowait(Oversized(length, name))
                 return
             request = decode(await reader.readexactly(length))
-            unread.lease = ""  # the last reply was read
+            unread.leases = ()  # the last reply was read
             pending.put_nowait(request)
             await pending.join()
     except (asyncio.IncompleteReadError, ConnectionError):

@@ -197,12 +197,12 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         with CallEnd.of(context) as end:
             try:
                 async for event in self._relay(
-                    request_id, received_at, end.event(), events, _after_call(context)
+                    request_id, received_at, end, events, _after_call(context)
                 ):
                     if isinstance(event, Result):  # progress is not sent: the result is the reply
                         result = result_to_proto(event, self.sidecar.config.lease_ttl)
             except SidecarError as exc:
-                await self._fail(context, end.why(exc))
+                await self._fail(context, exc)
         return result
 
     async def EncodeSession(
@@ -279,7 +279,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
             request, received_at, one_reply=True, reply_data_max=reply_data_max
         )
         result = pb.EncodeResult()
-        async for event in self._relay(request_id, received_at, end.event(), events, sent.append):
+        async for event in self._relay(request_id, received_at, end, events, sent.append):
             if isinstance(event, Result):
                 result = result_to_proto(event, self.sidecar.config.lease_ttl)
         return result
@@ -347,41 +347,47 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         with CallEnd.of(context) as end:
             try:
                 async for event in self._relay(
-                    request_id, received_at, end.event(), events, _after_call(context)
+                    request_id, received_at, end, events, _after_call(context)
                 ):
                     yield event_to_proto(event, self.sidecar.config.lease_ttl)
             except SidecarError as exc:
-                await self._fail(context, end.why(exc))
+                await self._fail(context, exc)
 
     async def _relay(
         self,
         request_id: str,
         received_at: float,
-        stop: threading.Event,
+        end: CallEnd,
         events: Callable[[threading.Event], AsyncIterator[Any]],
         when_sent: Callable[[Callable[[], None]], None],
     ) -> AsyncIterator[Progress | Chunk | Result]:
         """An encode's domain events, its log line and metrics. A domain error is raised
-        once recorded, and a bug of ours as EncodeFailed: the caller sends it, as a status
-        or a reply. A result's `after` goes to `when_sent`, which runs it once the answer
-        has gone out."""
+        once recorded (a stop by the call's deadline as that, see `CallEnd.why`), and a
+        bug of ours as EncodeFailed: the caller sends it, as a status or a reply. A
+        result's `after` goes to `when_sent`, which runs it once the answer has gone out."""
         self.sidecar.received()
         outcome = "CANCELLED"  # ended before its result: the client went away
         error = ""
         frames = size = 0
         try:
-            async for event in events(stop):
+            async for event in events(end.event()):
                 if isinstance(event, Result):
                     outcome, frames, size = "OK", event.frames, event.size_bytes
                     if event.after is not None:
                         when_sent(event.after)
                 yield event
         except SidecarError as exc:
-            outcome = status_of(exc).name
-            error = str(exc)
-            raise
-        except asyncio.CancelledError:
-            outcome = "CANCELLED"
+            answer = end.why(exc)
+            outcome = status_of(answer).name
+            error = str(answer)
+            if answer is exc:
+                raise
+            raise answer from None
+        except asyncio.CancelledError:  # gRPC ended the call: the client left, or its deadline
+            answer = end.why(Cancelled("cancelled"))
+            outcome = status_of(answer).name
+            if answer.reason is not Reason.CANCELLED:  # counted as `_fail` would have
+                self.sidecar.record_error(answer)
             raise
         except Exception as exc:  # a bug of ours: say so, as INTERNAL, never UNKNOWN
             log.exception("encode %s failed unexpectedly", request_id)
@@ -455,10 +461,13 @@ class CallEnd:
     passed). Each encode gets an event of its own, as a job sets its event to stop its own
     parts when it fails: a kept session's next request must not find it set."""
 
-    def __init__(self, remaining: float | None = None) -> None:
+    def __init__(
+        self, remaining: float | None = None, left: Callable[[], float | None] | None = None
+    ) -> None:
         self.ended = False
         self.deadline_passed = False
         self._current: threading.Event | None = None
+        self._left = left  # the call's time left, once gRPC may have ended it for that
         self._deadline = (
             asyncio.get_running_loop().call_later(max(0.0, remaining), self._at_deadline)
             if remaining is not None
@@ -468,7 +477,7 @@ class CallEnd:
     @classmethod
     def of(cls, context: grpc.aio.ServicerContext) -> CallEnd:
         """Ended by the gRPC call's end or its deadline."""
-        end = cls(context.time_remaining())
+        end = cls(context.time_remaining(), context.time_remaining)
         context.add_done_callback(lambda _context: end.end())
         return end
 
@@ -489,10 +498,13 @@ class CallEnd:
         self.end()
 
     def why(self, exc: SidecarError) -> SidecarError:
-        """The error to answer with: a stop this deadline caused says so. (The daemon's
-        timer may fire before the client's; the client should see its deadline, not a
-        cancel it never made.)"""
-        if self.deadline_passed and type(exc) is Cancelled:
+        """The error to answer, log and count with: a stop the call's deadline caused says
+        so, whether this timer or gRPC ended the call for it. (The daemon's timer may fire
+        before the client's: the client should see its deadline, not a cancel it never
+        made.)"""
+        left = self._left() if self._left is not None else None
+        passed = self.deadline_passed or (left is not None and left <= 0)
+        if passed and type(exc) is Cancelled:
             return DeadlinePassed("the call's deadline passed before the encode finished")
         return exc
 

@@ -235,3 +235,26 @@ def test_a_lease_cancelled_twice_is_not_held_for_good(make_daemon, framed: bool)
             return int((await c.status()).pool["active_leases"])
 
     assert asyncio.run(main()) == 0
+
+
+def test_results_given_up_on_free_their_leases_when_the_framed_connection_ends(  # type: ignore[no-untyped-def]
+    make_daemon, connect
+) -> None:
+    """A deadline that falls as the result comes, on the framed socket: the spare and the
+    output's lease in the reply nobody read are freed when the client closes that
+    connection, not a TTL later (the default 30 s, during which they filled the pool)."""
+    import random
+
+    d = make_daemon()
+    clip = np.random.default_rng(1).integers(0, 255, (16, 256, 448, 3), np.uint8)
+    with connect(d) as c, d.client() as watcher:
+        t0 = time.monotonic()
+        for _ in range(3):
+            c.encode(clip)
+        median = (time.monotonic() - t0) / 3
+        rng = random.Random(5)
+        for _ in range(30):
+            with contextlib.suppress(DeadlineExceeded):
+                c.encode(clip, timeout=median * rng.uniform(0.5, 1.3))
+        time.sleep(0.3)
+        assert watcher.status().pool["active_leases"] <= 1  # the newest spare at most

@@ -6,6 +6,7 @@ import json
 import os
 import socket
 import subprocess
+import time
 import urllib.request
 from pathlib import Path
 
@@ -127,3 +128,24 @@ def test_bench_shortcut_needs_a_checkout(tmp_path: Path) -> None:
         env={**os.environ, "PYTHONPATH": ""},
     )  # fmt: skip
     assert result.returncode == 2 and "source checkout" in result.stderr
+
+
+def test_an_encode_its_deadline_stopped_is_logged_and_counted_as_that(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    """Over gRPC the daemon knows the call's deadline: the encode it stopped is logged,
+    counted and answered as DEADLINE_EXCEEDED, not as a cancel the client never made."""
+    from client import DeadlineExceeded
+
+    d = make_daemon(log_json="true", framed_socket=False)
+    grain = np.random.default_rng(2).integers(0, 256, (90, 256, 448, 3), dtype=np.uint8)
+    with d.client() as c:
+        with pytest.raises(DeadlineExceeded):
+            c.encode(grain, preset="medium", timeout=0.4, request_id="late-1")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            records = [json.loads(line) for line in d.log().splitlines() if line.startswith("{")]
+            mine = [r for r in records if r.get("request_id") == "late-1" and "status" in r]
+            if mine:
+                break
+            time.sleep(0.1)
+        assert mine and mine[0]["status"] == "DEADLINE_EXCEEDED", d.log()[-2000:]
+        assert c.status().counters["errors"].get("DEADLINE_EXCEEDED", 0) >= 1
