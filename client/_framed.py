@@ -83,6 +83,35 @@ async def to_the_end(work: Awaitable[T]) -> T:
         raise
 
 
+async def within(work: Awaitable[T], timeout: float | None) -> T:
+    """`work`, for at most `timeout` seconds (None: no limit), else asyncio.TimeoutError.
+    Not `asyncio.wait_for`: before Python 3.12 it loses a cancel that comes just as the
+    work completes, and the cancelled caller carries on (an async stream's writer went on
+    writing for good)."""
+    if timeout is None:
+        return await work
+    task = asyncio.ensure_future(work)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    except asyncio.CancelledError:
+        await _stop(task)
+        raise
+    if not done:
+        await _stop(task)
+        raise asyncio.TimeoutError
+    return task.result()
+
+
+async def _stop(task: asyncio.Future[T]) -> None:
+    """Cancel `task` and wait for it to end; its own error is dropped (retrieved)."""
+    task.cancel()
+    try:
+        await asyncio.wait({task})
+    finally:
+        if task.done() and not task.cancelled():
+            task.exception()
+
+
 def _frame(request: Request) -> bytes:
     if isinstance(request, pb.EncodeRequest):
         message = pb.FramedRequest(encode=request)
@@ -176,7 +205,7 @@ class AsyncFramedConnection:
     @classmethod
     async def open_to(cls, path: str) -> AsyncFramedConnection:
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), 5.0)
+            reader, writer = await within(asyncio.open_unix_connection(path), 5.0)
         except asyncio.TimeoutError:  # before OSError: TimeoutError is one from 3.11
             raise unreachable(path, OSError("timed out")) from None
         except OSError as exc:
@@ -195,12 +224,12 @@ class AsyncFramedConnection:
         if the call is cancelled meanwhile."""
         try:
             if landing is None:
-                return await asyncio.wait_for(self._ask(request), timeout)
+                return await within(self._ask(request), timeout)
             started = time.monotonic()
-            await asyncio.wait_for(self._send(request), timeout)
+            await within(self._send(request), timeout)
             await to_the_end(asyncio.to_thread(landing))
             left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
-            return await asyncio.wait_for(self._receive(), left)
+            return await within(self._receive(), left)
         except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11
             raise DeadlineExceeded("the deadline passed before the daemon's reply") from None
         except asyncio.IncompleteReadError:

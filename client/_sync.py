@@ -183,6 +183,9 @@ class _StreamCall:
             return
         if op.action == "abort":
             self._call.cancel()
+            self._reader.join()  # the call has ended: no half-close can follow the cancel
+            self._requests.put(None)  # lets gRPC's sending thread go
+            return
         self._requests.put(None)  # the end of the requests
         self._reader.join()
 

@@ -316,7 +316,11 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         self, requests: AsyncIterator[pb.StreamRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.EncodeEvent]:
         received_at = time.perf_counter()
-        first = await anext(aiter(requests), None)
+        requests = _unless_cancelled(requests, context)
+        try:
+            first = await anext(requests, None)
+        except Cancelled:  # before its header: nothing to answer, log or count
+            return
         header = (
             first.header
             if isinstance(first, pb.StreamRequest) and first.HasField("header")
@@ -432,6 +436,21 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
 def _request_id(given: str) -> str:
     """The id to log under: the client's if it is valid, else one made up."""
     return given if _REQUEST_ID_RE.match(given) else secrets.token_hex(8)
+
+
+async def _unless_cancelled(
+    requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
+) -> AsyncIterator[Any]:
+    """A call's requests. gRPC may end them, as at the client's half-close, when the
+    client cancels the call, and mark the call cancelled only a little later: that is a
+    cancel, not a stream missing its header or end, so the end waits up to 0.1 s to tell
+    which. (A stream that ends properly is not read past its end message.)"""
+    async for request in requests:
+        yield request
+    for _ in range(20):
+        if context.cancelled() or context.done():
+            raise Cancelled("cancelled by the client")
+        await asyncio.sleep(0.005)
 
 
 def _after_call(context: grpc.aio.ServicerContext) -> Callable[[Callable[[], None]], None]:

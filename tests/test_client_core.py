@@ -446,3 +446,25 @@ def test_a_lease_over_grpc_whose_reply_is_lost_is_released_by_its_tag(
     assert release.timeout is not None and release.timeout <= 2.0
     with pytest.raises(type(failure)):  # the release's own failure is not the caller's error
         steps.throw(error_for(grpc.StatusCode.UNAVAILABLE, "still down"))
+
+
+def test_a_cancel_that_comes_as_framed_work_completes_is_not_lost() -> None:
+    """`within` (the async framed connection's timeout) against the case Python 3.11's
+    `asyncio.wait_for` gets wrong: the work completes and the caller is cancelled in the
+    same turn of the loop. The caller must see its cancel, not the work's result."""
+    from client._framed import within
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        reply: asyncio.Future[int] = loop.create_future()
+        caller = asyncio.create_task(within(reply, 5.0))
+        await asyncio.sleep(0)  # the caller is waiting
+        reply.set_result(1)
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        with pytest.raises(asyncio.TimeoutError):
+            await within(loop.create_future(), 0.01)
+        assert await within(asyncio.sleep(0, "done"), None) == "done"
+
+    asyncio.run(main())

@@ -409,3 +409,56 @@ def test_a_stream_ends_at_its_timeout_and_frees_its_leases(make_daemon, connect)
         with c.stream(fps=24, timeout=5) as s:  # the next one, within its timeout, encodes
             s.write(chunk)
         assert s.result.frames == 4
+
+
+def test_streams_left_or_cancelled_at_any_moment_end_as_cancelled(  # type: ignore[no-untyped-def]
+    make_daemon, connect, twin: str
+) -> None:
+    """A `with` block left by an exception, or (async) a task cancelled while it writes:
+    the call ends at once, the daemon logs it as CANCELLED (not as a stream missing its
+    end), and nothing stays held. Before, a cancel that came as a framed reply did was
+    lost under Python 3.11's `asyncio.wait_for`, and the cancelled writer wrote on."""
+    import asyncio
+    import json
+    import random
+
+    from client import AsyncSidecarClient
+
+    d = make_daemon(log_json="true")
+    chunk = np.zeros((4, 128, 160, 3), np.uint8)
+    rng = random.Random(3)
+
+    class Leaving(Exception):
+        pass
+
+    with connect(d) as c:
+        for _ in range(12):
+            with pytest.raises(Leaving), c.stream(fps=24) as s:
+                for _ in range(rng.randint(1, 3)):
+                    s.write(chunk)
+                raise Leaving()
+    if twin == "async":
+
+        async def cancelled_writers() -> None:
+            async with AsyncSidecarClient(d.socket) as c:
+
+                async def writes_for_good() -> None:
+                    async with c.stream(fps=24) as s:
+                        while True:
+                            await s.write(chunk)
+
+                for _ in range(20):
+                    task = asyncio.create_task(writes_for_good())
+                    await asyncio.sleep(rng.uniform(0.005, 0.05))
+                    task.cancel()
+                    done, _ = await asyncio.wait({task}, timeout=10)
+                    assert done, "a cancelled writer wrote on"
+
+        asyncio.run(cancelled_writers())
+    with d.client() as c:
+        status = wait_for_idle(c, timeout=10)
+    assert status.pool["active_leases"] == 0 and status.active_encodes == 0
+    time.sleep(0.3)
+    records = [json.loads(line) for line in d.log().splitlines() if line.startswith("{")]
+    ends = [r["status"] for r in records if "status" in r]
+    assert ends and set(ends) == {"CANCELLED"}, [r for r in records if "status" in r][:5]
