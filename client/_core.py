@@ -253,16 +253,17 @@ class ClientCore:
             )
         return (yield from self.lease(nbytes, wait))
 
-    def lease(self, nbytes: int, wait: float | None = None) -> Steps[Lease]:
-        return (yield from self.reattached(lambda: self._lease(nbytes, wait)))
+    def lease(self, nbytes: int, wait: float | None = None, limit: float = 1e9) -> Steps[Lease]:
+        """A lease, waiting up to `wait` for room; the call takes at most `limit` s in all."""
+        return (yield from self.reattached(lambda: self._lease(nbytes, wait, limit)))
 
-    def _lease(self, nbytes: int, wait: float | None) -> Steps[Lease]:
+    def _lease(self, nbytes: int, wait: float | None, limit: float) -> Steps[Lease]:
         att = yield from self.attach()
         wait_s = self.lease_wait if wait is None else wait
         request = pb.LeaseRequest(
             client_token=att.client_token, size=nbytes, wait_ms=int(wait_s * 1e3)
         )
-        resp = yield from self._unary("Lease", request, wait_s + self.unary_timeout)
+        resp = yield from self._unary("Lease", request, min(limit, wait_s + self.unary_timeout))
         return self.leased(resp)
 
     def leased(self, resp: pb.LeaseResponse) -> Lease:

@@ -117,7 +117,7 @@ class StreamCore:
             wait = self.client.lease_wait if left is None else min(left, self.client.lease_wait)
             with self.clock.leasing():  # backpressure: the pool is full while encodes lag
                 lease = yield from room_within(
-                    self.client.lease(count * source.frame_bytes, wait),
+                    self.client.lease(count * source.frame_bytes, wait, left or 1e9),
                     wait < self.client.lease_wait,
                     self.timeout or self.client.timeout,
                 )

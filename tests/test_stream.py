@@ -462,3 +462,24 @@ def test_streams_left_or_cancelled_at_any_moment_end_as_cancelled(  # type: igno
     records = [json.loads(line) for line in d.log().splitlines() if line.startswith("{")]
     ends = [r["status"] for r in records if "status" in r]
     assert ends and set(ends) == {"CANCELLED"}, [r for r in records if "status" in r][:5]
+
+
+def test_a_stalled_daemon_holds_a_stream_no_longer_than_its_timeout(make_daemon, connect) -> None:  # type: ignore[no-untyped-def]
+    """The daemon stopped (SIGSTOP) as a stream writes: the write's lease call gives up at
+    the stream's timeout, not the 10 s a lease call allows itself past its wait."""
+    import os
+    import signal
+
+    d = make_daemon()
+    chunk = np.zeros((4, 64, 96, 3), np.uint8)
+    with connect(d) as c:
+        c.encode(chunk)  # attached, connected
+        os.kill(d.process.pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(DeadlineExceeded), c.stream(fps=24, timeout=1.0) as s:
+                s.write(chunk)
+            assert time.monotonic() - t0 < 4
+        finally:
+            os.kill(d.process.pid, signal.SIGCONT)
+        assert c.encode(chunk).frames == 4
