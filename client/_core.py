@@ -8,7 +8,6 @@ touches the network; `SidecarClient` and `AsyncSidecarClient` perform its ops.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -38,7 +37,7 @@ from ._errors import (
     error_from_session,
 )
 from ._framed import framed_path
-from ._leasing import lease_over_grpc, room_within
+from ._leasing import CLEANUP_TIMEOUT, give_back_all, lease_over_grpc, room_within
 from ._options import VideoFormat, check_lease
 from ._results import attachment_from_proto, status_from_proto
 from ._slabs import SlabMap
@@ -270,13 +269,13 @@ class ClientCore:
         region = self.slabs.region(resp.slab_id, resp.offset, resp.size)
         return Lease(resp.lease_id, resp.slab_id, resp.offset, resp.size, region)
 
-    def release(self, lease: Lease | str) -> Steps[None]:
+    def release(self, lease: Lease | str, timeout: float | None = None) -> Steps[None]:
         """Give a lease back; one the daemon already freed is not an error."""
         lease_id = lease if isinstance(lease, str) else lease.id
         att = yield from self.attach()
         request = pb.ReleaseRequest(client_token=att.client_token, lease_id=lease_id)
         try:
-            yield from self._unary("Release", request, self.unary_timeout)
+            yield from self._unary("Release", request, timeout or self.unary_timeout)
         except SidecarError as err:  # NOT_ATTACHED: the daemon restarted, the lease with it
             if not isinstance(err, NotFound) and err.reason is not Reason.NOT_ATTACHED:
                 raise
@@ -304,10 +303,9 @@ class ClientCore:
         return (yield Call(method, request, timeout))
 
     def give_back(self, leases: Iterable[Lease | str]) -> Steps[None]:
-        """Release each lease, as cleanup: a failure to do so is not the caller's error."""
-        for lease in leases:
-            with contextlib.suppress(SidecarError):
-                yield from self.release(lease)
+        """Release each lease, as cleanup (see `give_back_all`)."""
+        cleanup = min(self.unary_timeout, CLEANUP_TIMEOUT)
+        yield from give_back_all(lambda lease: self.release(lease, cleanup), leases)
 
     def lease_for(self, nbytes: int, use_spare: bool, within: float | None) -> Steps[Lease]:
         """The spare when fresh and large enough, else a new lease (its wait: at most `within`)."""

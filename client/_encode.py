@@ -127,10 +127,12 @@ def _encode_source(
         raise
     except BaseException:
         # The daemon frees leases it took; ones it refused go back now, once no copy
-        # queued into them can still land.
-        with contextlib.suppress(Exception):
-            yield Work(source.finish, long=True)
-        yield from core.give_back(leases)
+        # queued into them can still land (even if cancelled again while waiting).
+        try:
+            with contextlib.suppress(Exception):
+                yield Work(source.finish, long=True)
+        finally:
+            yield from core.give_back(leases)
         raise
 
 

@@ -1,5 +1,5 @@
-"""A Lease sent as the gRPC call, named so that a lost reply loses no lease; and a wait
-for room that a call's timeout cuts short.
+"""A Lease sent as the gRPC call, named so that a lost reply loses no lease; a wait for
+room that a call's timeout cuts short; leases given back as cleanup.
 
 The framed socket frees a lease granted in a connection's last reply when the connection
 ends unread (see `sidecar.framed`). A gRPC call has no such end: the daemon may grant the
@@ -13,17 +13,24 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+from collections.abc import Callable, Iterable
 
 from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.vocabulary import Reason
 
-from ._errors import DeadlineExceeded, RequestError, ResourceExhausted
+from ._errors import (
+    DeadlineExceeded,
+    RequestError,
+    ResourceExhausted,
+    SidecarError,
+    TransportError,
+)
 from ._steps import Call, Steps
 from ._types import Lease
 
-# The cleanup's own wait: a daemon that answers at all does in about a millisecond, and a
-# hung one should not hold a failing call up for long.
-WITHDRAW_TIMEOUT = 2.0
+# A cleanup release's own wait: a daemon that answers at all does in about a millisecond,
+# and a hung one should not hold a failing call up for long.
+CLEANUP_TIMEOUT = 2.0
 
 
 def lease_over_grpc(request: pb.LeaseRequest, timeout: float) -> Steps[pb.LeaseResponse]:
@@ -40,7 +47,7 @@ def lease_over_grpc(request: pb.LeaseRequest, timeout: float) -> Steps[pb.LeaseR
         if not isinstance(err, RequestError):
             withdraw = pb.ReleaseRequest(client_token=request.client_token, tag=tagged.tag)
             with contextlib.suppress(Exception):  # best effort: the TTL reclaims it otherwise
-                yield Call("Release", withdraw, min(timeout, WITHDRAW_TIMEOUT))
+                yield Call("Release", withdraw, min(timeout, CLEANUP_TIMEOUT))
         raise
     return resp
 
@@ -56,3 +63,26 @@ def room_within(lease: Steps[Lease], cut: bool, timeout: float | None) -> Steps[
         raise DeadlineExceeded(
             f"the timeout of {timeout:g} s passed while waiting for room in the pool: {err.message}"
         ) from None
+
+
+def give_back_all(
+    release: Callable[[Lease | str], Steps[None]], leases: Iterable[Lease | str]
+) -> Steps[None]:
+    """Release each lease, as cleanup: a failure to is not the caller's error. A cancel or
+    Ctrl-C meanwhile (anyio cancels at every await) stops none of the rest, and goes on
+    after them; once the daemon does not answer in time, the rest are left to its TTL
+    instead of each waiting out its own timeout."""
+    pending: BaseException | None = None
+    for lease in leases:
+        try:
+            yield from release(lease)
+        except TransportError:
+            break
+        except SidecarError:
+            continue
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            pending = pending or exc
+    if pending is not None:
+        raise pending

@@ -475,6 +475,9 @@ def session_error(exc: SidecarError) -> pb.SessionError:
     )
 
 
+DEADLINE_MARGIN_S = 0.05
+
+
 class CallEnd:
     """Stops a call's encodes when the call ends early (the client gone, its deadline
     passed). Each encode gets an event of its own, as a job sets its event to stop its own
@@ -522,7 +525,9 @@ class CallEnd:
         before the client's: the client should see its deadline, not a cancel it never
         made.)"""
         left = self._left() if self._left is not None else None
-        passed = self.deadline_passed or (left is not None and left <= 0)
+        # The client's clock runs its deadline out first, by the time the request took to
+        # get here: its cancel within that margin is the deadline's.
+        passed = self.deadline_passed or (left is not None and left <= DEADLINE_MARGIN_S)
         if passed and type(exc) is Cancelled:
             return DeadlinePassed("the call's deadline passed before the encode finished")
         return exc

@@ -468,3 +468,35 @@ def test_a_cancel_that_comes_as_framed_work_completes_is_not_lost() -> None:
         assert await within(asyncio.sleep(0, "done"), None) == "done"
 
     asyncio.run(main())
+
+
+def test_leases_given_back_as_cleanup_all_go_back_through_a_cancel() -> None:
+    """`give_back_all`: a cancel (or Ctrl-C) during one release stops none of the rest and
+    goes on after them; a refusal is skipped; a daemon that does not answer in time ends
+    the cleanup there (each release would wait out its own timeout)."""
+    from client import DeadlineExceeded
+    from client._leasing import give_back_all
+
+    def released(failures: dict[str, BaseException]) -> tuple[list[str], BaseException | None]:
+        tried: list[str] = []
+
+        def release(lease: Any) -> Steps[None]:
+            tried.append(lease)
+            if lease in failures:
+                raise failures[lease]
+            return None
+            yield  # a generator of steps
+
+        steps = give_back_all(release, ["a", "b", "c", "d"])
+        try:
+            run_blocking(steps, lambda op: None)
+        except BaseException as exc:
+            return tried, exc
+        return tried, None
+
+    cancel = asyncio.CancelledError()
+    assert released({"a": cancel, "c": KeyboardInterrupt()}) == (["a", "b", "c", "d"], cancel)
+    refused = error_for(grpc.StatusCode.FAILED_PRECONDITION, "busy", Reason.LEASE_BUSY)
+    assert released({"b": refused}) == (["a", "b", "c", "d"], None)
+    tried, error = released({"b": DeadlineExceeded("no answer")})
+    assert tried == ["a", "b"] and error is None

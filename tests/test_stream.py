@@ -483,3 +483,29 @@ def test_a_stalled_daemon_holds_a_stream_no_longer_than_its_timeout(make_daemon,
         finally:
             os.kill(d.process.pid, signal.SIGCONT)
         assert c.encode(chunk).frames == 4
+
+
+def test_leaving_a_stream_stalled_with_chunks_in_flight_takes_its_timeout_not_more(  # type: ignore[no-untyped-def]
+    make_daemon, connect
+) -> None:
+    """Chunks written, then the daemon stops: the block ends with DeadlineExceeded about
+    the stream's timeout after it began, not 10 s more for each lease it gives back."""
+    import os
+    import signal
+
+    d = make_daemon()
+    chunk = np.zeros((4, 64, 96, 3), np.uint8)
+    with connect(d) as c:
+        c.encode(chunk)
+        t0 = time.monotonic()
+        try:
+            with pytest.raises(DeadlineExceeded), c.stream(fps=24, timeout=1.5) as s:
+                for _ in range(3):
+                    s.write(chunk)
+                os.kill(d.process.pid, signal.SIGSTOP)
+                while True:
+                    s.write(chunk)
+            assert time.monotonic() - t0 < 1.5 + 3
+        finally:
+            os.kill(d.process.pid, signal.SIGCONT)
+        assert c.encode(chunk).frames == 4
