@@ -483,23 +483,20 @@ class CallEnd:
     passed). Each encode gets an event of its own, as a job sets its event to stop its own
     parts when it fails: a kept session's next request must not find it set."""
 
-    def __init__(
-        self, remaining: float | None = None, left: Callable[[], float | None] | None = None
-    ) -> None:
+    def __init__(self, remaining: float | None = None) -> None:
         self.ended = False
-        self.deadline_passed = False
         self._current: threading.Event | None = None
-        self._left = left  # the call's time left, once gRPC may have ended it for that
+        loop = asyncio.get_running_loop()
+        # When the call's deadline falls, on the loop's clock (None: no deadline).
+        self._deadline_at = None if remaining is None else loop.time() + max(0.0, remaining)
         self._deadline = (
-            asyncio.get_running_loop().call_later(max(0.0, remaining), self._at_deadline)
-            if remaining is not None
-            else None
+            None if self._deadline_at is None else loop.call_at(self._deadline_at, self.end)
         )
 
     @classmethod
     def of(cls, context: grpc.aio.ServicerContext) -> CallEnd:
         """Ended by the gRPC call's end or its deadline."""
-        end = cls(context.time_remaining(), context.time_remaining)
+        end = cls(context.time_remaining())
         context.add_done_callback(lambda _context: end.end())
         return end
 
@@ -515,19 +512,17 @@ class CallEnd:
         if self._current is not None:
             self._current.set()
 
-    def _at_deadline(self) -> None:
-        self.deadline_passed = not self.ended
-        self.end()
-
     def why(self, exc: SidecarError) -> SidecarError:
         """The error to answer, log and count with: a stop the call's deadline caused says
         so, whether this timer or gRPC ended the call for it. (The daemon's timer may fire
         before the client's: the client should see its deadline, not a cancel it never
         made.)"""
-        left = self._left() if self._left is not None else None
         # The client's clock runs its deadline out first, by the time the request took to
         # get here: its cancel within that margin is the deadline's.
-        passed = self.deadline_passed or (left is not None and left <= DEADLINE_MARGIN_S)
+        passed = (
+            self._deadline_at is not None
+            and asyncio.get_running_loop().time() >= self._deadline_at - DEADLINE_MARGIN_S
+        )
         if passed and type(exc) is Cancelled:
             return DeadlinePassed("the call's deadline passed before the encode finished")
         return exc
