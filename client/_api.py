@@ -64,16 +64,17 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
         *,
         client_name: str = "",
         timeout: float | None = None,
-        lease_wait: float = 30.0,
+        lease_wait: float | None = None,
         transport: str = "auto",
         credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         """`target`: a socket path, a `unix:` URI or `host:port`; by default
         $VIDEO_SIDECAR_SOCKET, else the daemon's default socket. `timeout`: seconds for
         calls without their own (None: unary calls 10 s, encodes none). `lease_wait`:
-        seconds a lease may wait for room. `transport`: "auto" (shared memory, else
-        inline), "shm" or "inline". `credentials`: `grpc.ssl_channel_credentials(...)`
-        for a TCP target with TLS."""
+        seconds a request may wait in the daemon's queue for room in the pool; None: as
+        long as the pool keeps moving (within the call's timeout). `transport`: "auto"
+        (shared memory, else inline), "shm" or "inline". `credentials`:
+        `grpc.ssl_channel_credentials(...)` for a TCP target with TLS."""
         check_timeout(timeout)
         self._core = ClientCore(
             target,

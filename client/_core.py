@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
-import time
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, TypeVar
@@ -41,6 +39,7 @@ from ._leasing import CLEANUP_TIMEOUT, give_back_all, lease_over_grpc, room_with
 from ._options import VideoFormat, check_lease
 from ._results import attachment_from_proto, status_from_proto
 from ._slabs import SlabMap
+from ._spare import Spare
 from ._steps import Call, Exchange, Exclusive, Steps
 from ._types import Attachment, Lease, Status
 from ._video import VideoSource, prepare_video, warn_caller
@@ -49,6 +48,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 TRANSPORTS = ("auto", "shm", "inline")
+# A lease's wait with no bound of its own: as long as the pool moves, within the call's
+# timeout. The daemon refuses it once nothing in the pool has moved for its max wait.
+UNBOUNDED_WAIT = 24 * 3600.0
+MAX_WAIT_MS = 2**32 - 1  # LeaseRequest.wait_ms is a uint32
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -92,6 +95,12 @@ def keep_after_fork(client: Any) -> None:
     _Forks.clients.add(client)
 
 
+def audio_in(pcm: Pcm, lease: Lease) -> list[pb.AudioData]:
+    """The audio track written at the start of `lease`, as the request names it."""
+    lease.array[: pcm.nbytes] = pcm.data.reshape(-1).view("u1")
+    return [pb.AudioData(range=pb.AudioRange(lease_id=lease.id, offset=0, size=pcm.nbytes))]
+
+
 def resolve_target(target: str | None) -> str:
     """A gRPC target from a socket path, `unix:` URI or `host:port`.
 
@@ -132,7 +141,7 @@ class ClientCore:
         *,
         client_name: str,
         timeout: float | None,
-        lease_wait: float,
+        lease_wait: float | None,
         transport: str,
         sessions: bool = True,
     ) -> None:
@@ -143,16 +152,14 @@ class ClientCore:
         self.target = resolve_target(target)
         self.client_name = client_name or f"pid-{os.getpid()}"
         self.timeout = timeout
-        self.lease_wait = lease_wait
+        # None: as long as the pool keeps moving (the daemon refuses a waiter once
+        # nothing in it has moved for its --max-lease-wait), within a call's timeout.
+        self.lease_wait = UNBOUNDED_WAIT if lease_wait is None else lease_wait
         self.slabs = SlabMap()
         self.cuda: CudaHost | None = None
         self.attachment: Attachment | None = None
         self._generation = fork_generation()
-        # A lease the daemon granted with the last result, for the next request: in the
-        # steady state a request then costs one round trip instead of two. The time is
-        # from before it was asked for.
-        self._spare: tuple[Lease, float] | None = None
-        self._spare_lock = threading.Lock()
+        self.spare = Spare()
         # One-reply ways this daemon has not refused as UNIMPLEMENTED (an older one), and
         # the driver can make: `sessions`, whether it keeps EncodeSession calls.
         self._one_reply_ways = {"EncodeSession", "EncodeOnce"} if sessions else {"EncodeOnce"}
@@ -191,7 +198,7 @@ class ClientCore:
             return False
         self._generation = fork_generation()
         self.attachment = None
-        self._spare = None
+        self.spare.drop()
         return True
 
     # -- attach --------------------------------------------------------------------------
@@ -223,7 +230,7 @@ class ClientCore:
                 self.inline = True
         self.attachment = attachment
         self.framed = framed_path(self.target, resp.framed_socket, resp.framed_version)
-        self._spare = None  # leases belong to the old token
+        self.spare.drop()  # leases belong to the old token
         return attachment
 
     def reattached(self, steps: Callable[[], Steps[T]]) -> Steps[T]:
@@ -254,16 +261,26 @@ class ClientCore:
 
     def lease(self, nbytes: int, wait: float | None = None, limit: float = 1e9) -> Steps[Lease]:
         """A lease, waiting up to `wait` for room; the call takes at most `limit` s in all."""
-        return (yield from self.reattached(lambda: self._lease(nbytes, wait, limit)))
+        return (yield from self.lease_together([nbytes], wait, limit))[0]
 
-    def _lease(self, nbytes: int, wait: float | None, limit: float) -> Steps[Lease]:
+    def lease_together(
+        self, sizes: list[int], wait: float | None = None, limit: float = 1e9
+    ) -> Steps[list[Lease]]:
+        """Leases of `sizes`, granted together or not at all, waiting in the daemon's queue
+        up to `wait` for room; the call takes at most `limit` s in all."""
+        return (yield from self.reattached(lambda: self._lease(sizes, wait, limit)))
+
+    def _lease(self, sizes: list[int], wait: float | None, limit: float) -> Steps[list[Lease]]:
         att = yield from self.attach()
         wait_s = self.lease_wait if wait is None else wait
         request = pb.LeaseRequest(
-            client_token=att.client_token, size=nbytes, wait_ms=int(wait_s * 1e3)
+            client_token=att.client_token,
+            size=sizes[0],
+            more_sizes=sizes[1:],
+            wait_ms=min(int(wait_s * 1e3), MAX_WAIT_MS),
         )
         resp = yield from self._unary("Lease", request, min(limit, wait_s + self.unary_timeout))
-        return self.leased(resp)
+        return [self.leased(resp), *map(self.leased, resp.more)]
 
     def leased(self, resp: pb.LeaseResponse) -> Lease:
         region = self.slabs.region(resp.slab_id, resp.offset, resp.size)
@@ -307,41 +324,29 @@ class ClientCore:
         cleanup = min(self.unary_timeout, CLEANUP_TIMEOUT)
         yield from give_back_all(lambda lease: self.release(lease, cleanup), leases)
 
-    def lease_for(self, nbytes: int, use_spare: bool, within: float | None) -> Steps[Lease]:
-        """The spare when fresh and large enough, else a new lease (its wait: at most `within`)."""
-        spare, stale = self._take_spare(nbytes) if use_spare else (None, None)
+    def lease_for(
+        self, sizes: list[int], use_spare: bool, within: float | None
+    ) -> Steps[list[Lease]]:
+        """What one request needs, all at once: the spare when there is one region, and
+        the spare is fresh and large enough, else new leases, granted together (their wait:
+        at most `within`). A spare not used goes back first: nothing is held while waiting."""
+        spare, stale = self.spare.take(sizes[0] if use_spare and len(sizes) == 1 else None)
         if stale is not None:
             yield from self.give_back([stale])
         if spare is not None:
-            return spare
+            return [spare]
         wait = min(self.lease_wait, within or self.lease_wait)
-        return (yield from room_within(self.lease(nbytes, wait), wait < self.lease_wait, within))
-
-    def _take_spare(self, nbytes: int) -> tuple[Lease | None, Lease | None]:
-        """(a spare lease to use for `nbytes`, or None; a spare to give back, or None). A
-        spare is used only while surely alive, well within its TTL counted from before it
-        was granted: writing into an expired lease could overwrite another client's frames."""
-        with self._spare_lock:
-            spare, self._spare = self._spare, None
-        if spare is None:
-            return None, None
-        lease, granted_before = spare
-        att = self.attachment
-        age = time.monotonic() - granted_before
-        fresh = att is not None and age < att.lease_ttl / 2
-        if fresh and lease.size >= nbytes:
-            return lease, None
-        # Unused: back while it may be held (the daemon expires it a TTL after granting).
-        return None, lease if att is not None and age < att.lease_ttl else None
+        leases = self.lease_together(sizes, wait)
+        return (yield from room_within(leases, wait < self.lease_wait, within))
 
     def keep_spare(self, lease: pb.LeaseResponse | None, asked_at: float) -> Steps[None]:
         """Keep the newest spare; one it displaces (concurrent requests) goes back."""
         if lease is None or not lease.lease_id:
             return
-        with self._spare_lock:
-            displaced, self._spare = self._spare, (self.leased(lease), asked_at)
+        ttl = lease.ttl_ms / 1e3 or (self.attachment.lease_ttl if self.attachment else 0.0)
+        displaced = self.spare.keep(self.leased(lease), asked_at, ttl)
         if displaced is not None:
-            yield from self.give_back([displaced[0]])
+            yield from self.give_back([displaced])
 
     # -- videos and audio ----------------------------------------------------------------
 
@@ -373,8 +378,7 @@ class ClientCore:
             return pcm.inline_pieces()
         lease = yield from self.lease(pcm.nbytes)
         keep(lease)
-        lease.array[: pcm.nbytes] = pcm.data.reshape(-1).view("u1")
-        return [pb.AudioData(range=pb.AudioRange(lease_id=lease.id, offset=0, size=pcm.nbytes))]
+        return audio_in(pcm, lease)
 
     # -- inspection and closing ----------------------------------------------------------
 
@@ -390,8 +394,7 @@ class ClientCore:
     def close(self) -> Steps[None]:
         """Give the spare lease back (never the parent's, in a child after fork), unmap."""
         self.forked()
-        with self._spare_lock:
-            spare, self._spare = self._spare, None
+        spare = self.spare.drop()
         if spare is not None:
-            yield from self.give_back([spare[0]])
+            yield from self.give_back([spare])
         self.slabs.close()

@@ -13,7 +13,7 @@ from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.vocabulary import LANDED_COUNT_BYTES as COUNT_BYTES
 
 from ._audio import Pcm, prepare_audio
-from ._core import ClientCore
+from ._core import ClientCore, audio_in
 from ._cuda import LANDING_MIN_BYTES
 from ._errors import ServerError, error_from_session
 from ._options import EncodeOptions, VideoFormat, VideoGeometry
@@ -85,18 +85,21 @@ def _encode_source(
     plan = plan_ranges(source.frames, source.frame_bytes, att)
     single = len(plan) == 1  # small requests reuse the spare lease and ask for the next
     landing = FramesLanding.for_video(core, source, plan, att, clock)
+    sizes = [count * source.frame_bytes for _, count in plan]
+    if landing is not None:
+        sizes[-1] = landing.make_room(sizes[-1])
+    audio_sizes = [pcm.nbytes] if pcm is not None else []
     leases: list[Lease] = []
     try:
-        audio_data = (yield from core.audio_data(pcm, leases.append)) if pcm is not None else None
+        # Everything the request needs, granted at once: nothing is held while waiting.
+        with clock.leasing():
+            leases = yield from core.lease_for(
+                audio_sizes + sizes, single and not audio_sizes, within=timeout or core.timeout
+            )
+        audio_data = audio_in(pcm, leases[0]) if pcm is not None else None
         ranges = []
-        nbytes = 0
-        for first, count in plan:
-            nbytes = count * source.frame_bytes
-            if landing is not None and first + count == source.frames:
-                nbytes = landing.make_room(nbytes)
-            with clock.leasing():
-                lease = yield from core.lease_for(nbytes, single, within=timeout or core.timeout)
-            leases.append(lease)
+        nbytes = sizes[-1]
+        for (first, count), lease in zip(plan, leases[len(audio_sizes) :], strict=True):
             if landing is not None:
                 landing.copy_later(lease.array, first, count)
             else:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.vocabulary import Reason
@@ -27,6 +28,8 @@ from ._errors import (
 )
 from ._steps import Call, Steps
 from ._types import Lease
+
+T = TypeVar("T")
 
 # A cleanup release's own wait: a daemon that answers at all does in about a millisecond,
 # and a hung one should not hold a failing call up for long.
@@ -52,7 +55,7 @@ def lease_over_grpc(request: pb.LeaseRequest, timeout: float) -> Steps[pb.LeaseR
     return resp
 
 
-def room_within(lease: Steps[Lease], cut: bool, timeout: float | None) -> Steps[Lease]:
+def room_within(lease: Steps[T], cut: bool, timeout: float | None) -> Steps[T]:
     """`lease`, whose wait for room was cut short by a call's `timeout` when `cut`: a pool
     still full when that time is up is the call's deadline passing, not a refusal."""
     try:

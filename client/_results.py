@@ -206,6 +206,7 @@ def status_from_proto(resp: pb.StatusResponse) -> Status:
         k: (int(v) if isinstance(v, str) and v.isdigit() else v) for k, v in counters.items()
     }
     counters["errors"] = {k: int(v) for k, v in resp.counters.errors.items()}
+    counters["lease_refusals"] = {k: int(v) for k, v in resp.counters.lease_refusals.items()}
     return Status(
         server_version=resp.server_version,
         instance_id=resp.instance_id,
@@ -217,4 +218,8 @@ def status_from_proto(resp: pb.StatusResponse) -> Status:
         clients=resp.clients,
         counters=counters,
         encoder_processes=resp.encoder_processes,
+        lease_waiters=[
+            {"client": w.client, "bytes": w.bytes, "regions": w.regions, "waited_s": w.waited_s}
+            for w in resp.lease_waiters
+        ],
     )

@@ -31,7 +31,7 @@ from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.vocabulary import SAMPLE_FORMATS
 
 from ._audio import Pcm, prepare_audio
-from ._core import ClientCore
+from ._core import ClientCore, audio_in
 from ._errors import Cancelled, DeadlineExceeded, InvalidArgument, error_from_rpc
 from ._leasing import room_within
 from ._options import EncodeOptions, VideoFormat, VideoGeometry
@@ -115,34 +115,43 @@ class StreamCore:
                 continue
             left = self._left()
             wait = self.client.lease_wait if left is None else min(left, self.client.lease_wait)
+            # The header's audio goes with the first chunk, granted together: nothing is
+            # held while waiting for room.
+            sizes = [count * source.frame_bytes]
+            if self.call is None and self.audio is not None:
+                sizes.insert(0, self.audio.nbytes)
             with self.clock.leasing():  # backpressure: the pool is full while encodes lag
-                lease = yield from room_within(
-                    self.client.lease(count * source.frame_bytes, wait, left or 1e9),
+                *audio_lease, lease = yield from room_within(
+                    self.client.lease_together(sizes, wait, left or 1e9),
                     wait < self.client.lease_wait,
                     self.timeout or self.client.timeout,
                 )
             try:
                 # After a lease, so that a stale token (the daemon restarted) is renewed.
-                yield from self._open(geometry)
+                yield from self._open(geometry, *audio_lease)
                 with self.clock.copying():
                     yield copy_step(source, lease.array, first, count)
                     yield Work(source.finish, long=True)
             except GeneratorExit:
                 raise
             except BaseException:
-                yield from self.client.give_back([lease])
+                yield from self.client.give_back([*audio_lease, lease])
                 raise
             self._took(lease)
             yield from self._send(lease_chunk(lease, count))
         self.clock.transferred()
 
-    def _open(self, geometry: VideoGeometry) -> Steps[None]:
-        """Send the header, once, and start reading replies."""
+    def _open(self, geometry: VideoGeometry, audio_lease: Lease | None = None) -> Steps[None]:
+        """Send the header, once, and start reading replies; its audio in `audio_lease`
+        when one was leased for it."""
         if self.call is not None:
             return
         att = yield from self.client.attach()
         audio_data = None
-        if self.audio is not None:
+        if self.audio is not None and audio_lease is not None:
+            self._took(audio_lease)
+            audio_data = audio_in(self.audio, audio_lease)
+        elif self.audio is not None:
             audio_data = yield from self.client.audio_data(self.audio, self._took)
         header = self.options.header(att.client_token, geometry, self.audio_spec(), audio_data)
         self.call = yield OpenStream(header, self._left(), self)

@@ -116,6 +116,8 @@ class Status:
     clients: int
     counters: dict[str, Any]
     encoder_processes: int = 0  # up and ready for work
+    # Lease requests waiting for room, first served first: client, bytes, regions, waited_s.
+    lease_waiters: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

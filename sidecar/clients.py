@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
 from collections.abc import Callable
@@ -10,6 +11,8 @@ from dataclasses import dataclass
 from .errors import NotAttached
 
 MAX_CLIENTS = 4096
+# What of a client's chosen name reaches logs and status: these characters, others as "?".
+_NOT_SHOWN = re.compile(r"[^A-Za-z0-9_.:@+-]")
 
 
 @dataclass
@@ -32,6 +35,11 @@ class Clients:
         token = secrets.token_hex(16)
         self._clients[token] = ClientInfo(name[:128], pid, time.time())
         return token
+
+    def name(self, token: str) -> str:
+        """The client's name as logs and status show it (allow-listed characters only)."""
+        info = self._clients.get(token)
+        return _NOT_SHOWN.sub("?", info.name[:64]) if info is not None else "?"
 
     def check(self, token: str) -> None:
         if token not in self._clients:

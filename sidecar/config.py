@@ -7,6 +7,10 @@ Each field becomes a command-line flag (`--slab-size`), an environment variable
     command-line flag  >  environment variable  >  config file  >  built-in default
 
 The file is named by `--config` or `VIDEO_SIDECAR_CONFIG`.
+
+The slab pool's `slabs` and `slab_size` default to `auto` (0 here): a Config sizes them
+to the host as it is made (`pool_sizing`), so a Config never holds a 0 there; what chose
+them is in `pool_reason`.
 """
 
 from __future__ import annotations
@@ -19,9 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import pool_sizing
 from .config_values import (
+    AUTO,
     ENV_PREFIX,
     FALSE_WORDS,
+    MAX_SLABS,
     TRUE_WORDS,
     argument_type,
     config_problems,
@@ -35,6 +42,8 @@ from .config_values import (
     parse_float,
     parse_int,
     parse_size,
+    parse_slab_size,
+    parse_slabs,
     read_toml,
 )
 from .memory import RELEASE_S
@@ -44,11 +53,29 @@ def _opt(
     help: str,
     parse: Callable[[str], Any] = str,
     metavar: str | None = None,
-    shown: str | None = None,
+    shown: str | Callable[[], str] | None = None,
 ) -> dict[str, Any]:
     """A field's flag: help text, parser of its text form, and how `--help` shows its
-    default when the value itself would mislead (it depends on the machine)."""
+    default when the value itself would mislead (it depends on the machine; a callable
+    is asked when the help is made)."""
     return {"help": help, "parse": parse, "metavar": metavar, "shown": shown}
+
+
+def _pool_here() -> tuple[int, int, str]:
+    """The pool `auto` gives with the default --shm-dir and concurrency."""
+    return pool_sizing.resolve(default_concurrency(), "/dev/shm")
+
+
+def _slabs_here() -> str:
+    return f"{AUTO}: {_pool_here()[0]} here"
+
+
+def _slab_size_here() -> str:
+    # "64MiB" first: that is the size unless the host is small.
+    size = _pool_here()[1]
+    return format_size(pool_sizing.SLAB_SIZE) + (
+        "" if size == pool_sizing.SLAB_SIZE else f"; {format_size(size)} here"
+    )
 
 
 @dataclass(frozen=True)
@@ -102,10 +129,28 @@ class Config:
             "group allowed to map the slabs and use the socket (mode 0660)", metavar="GROUP"
         ),
     )
-    slabs: int = field(default=8, metadata=_opt("number of shared-memory slabs", parse_int, "N"))
+    # 0 is auto (the text `auto`): sized to the host in __post_init__; see pool_sizing.
+    slabs: int = field(
+        default=0,
+        metadata=_opt(
+            f"number of shared-memory slabs, 1 to {MAX_SLABS}, or {AUTO}: 3 for each "
+            "concurrent encode (one 1344x768x122 4:2:0 video in 64MiB slabs), at least 4, "
+            "at most what half of --shm-dir and a quarter of the memory hold",
+            parse_slabs,
+            "N",
+            shown=_slabs_here,
+        ),
+    )
     slab_size: int = field(
-        default=64 * 1024 * 1024,
-        metadata=_opt("size of each slab; also the largest single lease", parse_size, "SIZE"),
+        default=0,
+        metadata=_opt(
+            f"size of each slab; also the largest single lease; {AUTO}: 64MiB, or less "
+            "(down to 8MiB) where 4 slabs of 64MiB would take over half of --shm-dir or a "
+            "quarter of the memory",
+            parse_slab_size,
+            "SIZE",
+            shown=_slab_size_here,
+        ),
     )
     max_concurrent_encodes: int = field(
         default_factory=default_concurrency,
@@ -183,6 +228,22 @@ class Config:
         problems = config_problems(self)
         if problems:
             raise ValueError("; ".join(problems))
+        if self.slabs == 0 or self.slab_size == 0:
+            slabs, slab_size, why = pool_sizing.resolve(
+                self.max_concurrent_encodes, self.shm_dir, self.slabs, self.slab_size
+            )
+            # Frozen: the one place these are set after __init__.
+            object.__setattr__(self, "slabs", slabs)
+            object.__setattr__(self, "slab_size", slab_size)
+            object.__setattr__(self, "_pool_reason", why)
+
+    @property
+    def pool_reason(self) -> str:
+        """Why the pool is the size it is when `auto` chose its count or size; "" when
+        both were configured. Not a field: no flag, and `dataclasses.replace` passes the
+        chosen numbers on as configured ones."""
+        reason: str = self.__dict__.get("_pool_reason", "")
+        return reason
 
     @property
     def slab_alignment(self) -> int:
@@ -204,8 +265,9 @@ class Config:
     @classmethod
     def default_text(cls, f: dataclasses.Field[Any]) -> str:
         """A field's default as `--help` shows it."""
-        if f.metadata["shown"]:
-            return str(f.metadata["shown"])
+        shown = f.metadata["shown"]
+        if shown:
+            return str(shown() if callable(shown) else shown)
         factory: Any = f.default_factory
         value: Any = factory() if factory is not dataclasses.MISSING else f.default
         if isinstance(value, bool):
@@ -382,7 +444,10 @@ class Config:
                 text = repr(value)
             else:
                 text = '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
-            note = f"  # {sources[f.name]}" if sources else ""
+            source = sources[f.name] if sources else ""
+            if source == "default" and self.pool_reason and f.name in ("slabs", "slab_size"):
+                source += f" ({AUTO} on this host)"  # what auto chose here
+            note = f"  # {source}" if source else ""
             lines.append(f"{f.name} = {text}{note}")
         return "\n".join(lines) + "\n"
 

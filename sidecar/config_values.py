@@ -141,6 +141,32 @@ PAGE = 4096  # slabs are mapped whole; a lease's offset and size are pages too
 # /dev/shm check could say the pool does not fit).
 MAX_SLABS = 1024
 
+AUTO = "auto"  # the text of a slab count or size the daemon chooses (0 inside Config)
+SLABS_RULE = f"slabs must be 1 to {MAX_SLABS} (or {AUTO}); for a larger pool, larger slabs"
+SLAB_SIZE_RULE = f"slab_size must be at least 1MiB (or {AUTO})"
+
+
+def parse_slabs(text: str) -> int:
+    """A slab count, 1 to MAX_SLABS, or `auto` (0): sized to the host. A 0 written out
+    is refused, as it always was: `auto` says what it means."""
+    if str(text).strip().lower() == AUTO:
+        return 0
+    n = parse_int(text)
+    if not 1 <= n <= MAX_SLABS:
+        raise ValueError(SLABS_RULE)
+    return n
+
+
+def parse_slab_size(text: str) -> int:
+    """A slab size as `parse_size` reads it, at least 1MiB, or `auto` (0): sized to the
+    host."""
+    if str(text).strip().lower() == AUTO:
+        return 0
+    n = parse_size(text)
+    if n < 1024 * 1024:
+        raise ValueError(SLAB_SIZE_RULE)
+    return n
+
 
 def config_problems(c: Any) -> list[str]:
     """What is wrong with a `Config`'s values, one phrase each (empty: nothing)."""
@@ -149,10 +175,11 @@ def config_problems(c: Any) -> list[str]:
                        ("encoder_threads", "auto")):  # fmt: skip
         if getattr(c, name) < 0:
             problems.append(f"{name} must be 0 ({zero}) or more")
-    if not 1 <= c.slabs <= MAX_SLABS:
-        problems.append(f"slabs must be 1 to {MAX_SLABS}; for a larger pool, larger slabs")
-    if c.slab_size < 1024 * 1024:
-        problems.append("slab_size must be at least 1MiB")
+    # 0 is auto: Config sizes the pool to the host once these are checked.
+    if not 0 <= c.slabs <= MAX_SLABS:
+        problems.append(SLABS_RULE)
+    if c.slab_size != 0 and c.slab_size < 1024 * 1024:
+        problems.append(SLAB_SIZE_RULE)
     elif c.slab_size % PAGE:
         problems.append(
             f"slab_size must be a whole number of 4KiB pages, got {c.slab_size} bytes "

@@ -80,14 +80,21 @@ def attachment_to_proto(a: Attachment) -> pb.AttachResponse:
     )
 
 
-def lease_to_proto(lease: Lease, ttl: float) -> pb.LeaseResponse:
+def lease_to_proto(lease: Lease) -> pb.LeaseResponse:
     return pb.LeaseResponse(
         lease_id=lease.id,
         slab_id=lease.slab_id,
         offset=lease.offset,
         size=lease.size,
-        ttl_ms=int(ttl * 1e3),
+        ttl_ms=int(lease.ttl * 1e3),
     )
+
+
+def leases_to_proto(leases: list[Lease]) -> pb.LeaseResponse:
+    """A Lease call's answer: the first region, then the others in `more`."""
+    reply = lease_to_proto(leases[0])
+    reply.more.extend(lease_to_proto(lease) for lease in leases[1:])
+    return reply
 
 
 def video_from_proto(
@@ -212,17 +219,17 @@ async def stream_messages(
             raise InvalidRequest("message", f"expected a chunk or the end, got {kind or 'nothing'}")
 
 
-def event_to_proto(event: Progress | Chunk | Result, lease_ttl: float) -> pb.EncodeEvent:
+def event_to_proto(event: Progress | Chunk | Result) -> pb.EncodeEvent:
     if isinstance(event, Progress):
         return pb.EncodeEvent(
             progress=pb.Progress(frames_done=event.frames_done, frames_total=event.frames_total)
         )
     if isinstance(event, Chunk):
         return pb.EncodeEvent(chunk=pb.OutputChunk(offset=event.offset, data=event.data))
-    return pb.EncodeEvent(result=result_to_proto(event, lease_ttl))
+    return pb.EncodeEvent(result=result_to_proto(event))
 
 
-def result_to_proto(event: Result, lease_ttl: float) -> pb.EncodeResult:
+def result_to_proto(event: Result) -> pb.EncodeResult:
     return pb.EncodeResult(
         request_id=event.request_id,
         path=event.path,
@@ -235,9 +242,9 @@ def result_to_proto(event: Result, lease_ttl: float) -> pb.EncodeResult:
         height=event.height,
         audio_samples=event.audio_samples,
         timings=pb.StageTimings(**event.timings_ms),
-        next_lease=lease_to_proto(event.next_lease, lease_ttl) if event.next_lease else None,
+        next_lease=lease_to_proto(event.next_lease) if event.next_lease else None,
         data=event.data,
-        data_lease=lease_to_proto(event.data_lease, lease_ttl) if event.data_lease else None,
+        data_lease=lease_to_proto(event.data_lease) if event.data_lease else None,
     )
 
 
@@ -271,5 +278,12 @@ def status_to_proto(s: StatusReport, errors_by_code: dict[str, int]) -> pb.Statu
             warm_hits=s.warm_hits,
             warm_misses=s.warm_misses,
             process_encodes=s.process_encodes,
+            lease_waits=s.lease_queue.waits,
+            lease_wait_s=s.lease_queue.wait_s,
+            lease_refusals=dict(s.lease_queue.refusals),
         ),
+        lease_waiters=[
+            pb.LeaseWaiter(client=w.client, bytes=w.nbytes, regions=w.regions, waited_s=w.waited_s)
+            for w in s.lease_waiters
+        ],
     )

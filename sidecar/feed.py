@@ -90,6 +90,13 @@ class FrameFeed:
                 continue
         return None
 
+    def poll(self) -> Piece | End | None:
+        """The next piece if one is queued; None at once if not."""
+        try:
+            return self._queue.get_nowait()
+        except queue.Empty:
+            return None
+
     def in_leases(self) -> list[PlacedRange] | None:
         """The pieces of a whole video if every one is queued, in leases, with no audio
         at the end; else None. Takes nothing off the queue."""

@@ -174,7 +174,7 @@ class Unread:
 def granted(reply: pb.FramedReply | pb.SessionReply) -> tuple[str, ...]:
     """The leases a reply hands the client."""
     if isinstance(reply, pb.FramedReply) and reply.WhichOneof("reply") == "lease":
-        return (reply.lease.lease_id,)
+        return (reply.lease.lease_id, *(more.lease_id for more in reply.lease.more))
     if reply.HasField("result"):
         result = reply.result
         return tuple(filter(None, (result.next_lease.lease_id, result.data_lease.lease_id)))

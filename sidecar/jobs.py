@@ -15,7 +15,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 import av
 import numpy as np
@@ -38,6 +38,25 @@ log = logging.getLogger(__name__)
 
 # Errors of the output file, not of the encoder: reported as the output's fault.
 OUTPUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EROFS, errno.EIO)
+
+
+class Slots(Protocol):
+    def hold(self) -> bool: ...
+    def release(self) -> None: ...
+    def share(self) -> None: ...
+
+
+class HeldSlot:
+    """A whole video's slot: held for it from start to end by the scheduler."""
+
+    def hold(self) -> bool:
+        return True
+
+    def release(self) -> None:
+        pass
+
+    def share(self) -> None:
+        pass
 
 
 class EncodeJob:
@@ -83,6 +102,14 @@ class EncodeJob:
             slab, offset = plan.landed_at
             self._landing = Landing(slabs[slab].array, offset, plan.frames_total)
         self._handed = 0  # frames handed to the encoder so far, in order
+        # A stream's hold on an encode slot, chunk by chunk (see scheduler); a whole
+        # video's slot is held for it from start to end.
+        self.slots: Slots = HeldSlot()
+
+    @property
+    def is_stream(self) -> bool:
+        """Fed chunk by chunk, its length known only at the end."""
+        return not self.plan.frames_total
 
     def stop(self, error: SidecarError | None = None) -> None:
         """Ask the job to stop at the next frame (or never to start). `error` is what its
@@ -299,13 +326,17 @@ class EncodeJob:
         if self._consume_in_segments(encoder, progress):
             return
         while True:
-            piece = self._feed.get(self._cancel)
-            if piece is None:
+            piece = self._feed.poll()
+            if piece is None:  # nothing to encode: a stream waits holding no slot
+                self.slots.release()
+                piece = self._feed.get(self._cancel)
+            if piece is None or not self.slots.hold():
                 raise self.cancelled()
             if isinstance(piece, End):
                 self._finish(encoder, piece, progress.done)
                 return
             self._encode_piece(encoder, piece, progress)
+            self.slots.share()
 
     def _encode_piece(
         self, encoder: VideoEncoder, piece: Piece, progress: ProgressReporter

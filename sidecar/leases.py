@@ -13,9 +13,13 @@ even where the encode would have given it back (its frames still landing when it
 A client whose copy failed after its request went out releases its leases at once, and
 need not wait to see them come back.
 
-A lease may be granted under a tag, the client's name for its request: a client whose
-reply never came (a cancel, a deadline) releases it by that tag. A tag released before
-any lease was granted under it is withdrawn for a TTL: a grant under it is refused.
+A request's regions are granted together or not at all (`grant_all`): a client never
+holds part of what one request needs while it waits for the rest (see `lease_queue`).
+
+A grant may be made under a tag, the client's name for its request: a client whose
+reply never came (a cancel, a deadline) releases every lease of it by that tag. A tag
+released before any lease was granted under it is withdrawn for a TTL: a grant under it
+is refused.
 
 Lease ids are 128-bit random. A lease is visible only to the client token that took it:
 to anyone else it does not exist.
@@ -30,13 +34,16 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from .allocator import RegionAllocator
+from .allocator import RegionAllocator, align_up
 from .errors import Cancelled, InvalidRequest, LeaseBusy, LeaseNotFound, OutOfRange
 
 # Tags released before a grant, remembered for a TTL: at most this many a client, its
 # oldest forgotten first. A client withdraws one only when a Lease reply was lost, and
 # another client's withdrawals never push out its own.
 MAX_WITHDRAWN = 64
+# A spare lives this long unused (at most the TTL): a client uses it for its very next
+# request or not at all, and an idle client's spare should not keep a waiter out for long.
+SPARE_TTL = 4.0
 TAG = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
@@ -61,6 +68,7 @@ class Lease:
     unclaimed: bool = False
     released: bool = False  # released by its client while an encode held it
     tag: str = ""  # the client's name for the Lease request that granted it
+    ttl: float = 30.0  # how long it lives unused, as its client was told
 
 
 @dataclass(frozen=True)
@@ -93,7 +101,7 @@ class LeaseTable:
         self._allocators = [RegionAllocator(slab_size, alignment) for _ in range(slab_count)]
         self._leases: dict[str, Lease] = {}
         self._by_owner: dict[str, dict[str, Lease]] = {}
-        self._tagged: dict[tuple[str, str], Lease] = {}
+        self._tagged: dict[tuple[str, str], list[Lease]] = {}
         self._withdrawn: dict[str, dict[str, float]] = {}  # owner: {tag: until}
         self._lock = threading.Lock()
         self.on_free = on_free
@@ -112,40 +120,62 @@ class LeaseTable:
         tag: str = "",
     ) -> Lease | None:
         """A lease of at least `size` bytes, or None if no slab has room right now.
-        `in_reply`: it goes to the client inside an encode's result (a spare always).
-        `tag`: the client's name for the request (checked by the caller)."""
-        if size <= 0:
-            raise OutOfRange(f"lease size must be positive, got {size}")
-        if size > self.slab_size:
-            raise OutOfRange(
-                f"lease of {size} bytes exceeds the slab size {self.slab_size}; "
-                "split the video into frame ranges of at most one slab each"
-            )
+        `in_reply`: it goes to the client inside an encode's result (a spare always)."""
+        self.check_sizes([size])
+        granted = self._grant(owner, [size], tag, spare=spare, unclaimed=spare or in_reply)
+        return granted[0] if granted else None
+
+    def grant_all(self, owner: str, sizes: Sequence[int], *, tag: str = "") -> list[Lease] | None:
+        """Leases of `sizes`, in order, all at once; None (nothing held) if the pool has
+        no room for every one right now. `tag`: the client's name for the request
+        (checked by the caller); sizes checked by `check_sizes`."""
+        return self._grant(owner, sizes, tag)
+
+    def _grant(
+        self,
+        owner: str,
+        sizes: Sequence[int],
+        tag: str,
+        *,
+        spare: bool = False,
+        unclaimed: bool = False,
+    ) -> list[Lease] | None:
         with self._lock:
             if tag:
                 self._check_tag(owner, tag)
-            for slab_id, allocator in enumerate(self._allocators):
-                region = allocator.allocate(size)
-                if region is not None:
-                    offset, length = region
-                    lease = Lease(
-                        id=secrets.token_hex(16),
-                        owner=owner,
-                        slab_id=slab_id,
-                        offset=offset,
-                        size=length,
-                        expires_at=self._clock() + self.ttl,
-                        spare=spare,
-                        unclaimed=spare or in_reply,
-                        tag=tag,
-                    )
-                    self._leases[lease.id] = lease
-                    if tag:
-                        self._tagged[(owner, tag)] = lease
-                    self._by_owner.setdefault(owner, {})[lease.id] = lease
-                    self.granted += 1
-                    return lease
-        return None
+            granted = self._allocate(owner, sizes, spare=spare, unclaimed=unclaimed, tag=tag)
+            if granted and tag:
+                self._tagged[(owner, tag)] = granted
+        return granted
+
+    def check_sizes(self, sizes: Sequence[int]) -> None:
+        """Refuse regions that no slab, or not even the empty pool, could hold at once."""
+        for size in sizes:
+            if size <= 0:
+                raise OutOfRange(f"lease size must be positive, got {size}")
+            if size > self.slab_size:
+                raise OutOfRange(
+                    f"lease of {size} bytes exceeds the slab size {self.slab_size}; "
+                    "split the video into frame ranges of at most one slab each"
+                )
+        if len(sizes) > 1 and not self._fits_empty(sizes):
+            total = sum(align_up(size, self.alignment) for size in sizes)
+            raise OutOfRange(
+                f"{len(sizes)} regions of {total} bytes in all cannot be held at once even by "
+                f"the empty pool ({len(self._allocators)} x {self.slab_size} bytes); "
+                "lease fewer at once"
+            )
+
+    def _fits_empty(self, sizes: Sequence[int]) -> bool:
+        """Whether first fit, in order, places every size in empty slabs."""
+        free = [self.slab_size] * len(self._allocators)
+        for size in sizes:
+            need = align_up(size, self.alignment)
+            slab = next((i for i, room in enumerate(free) if room >= need), None)
+            if slab is None:
+                return False
+            free[slab] -= need
+        return True
 
     def renew(self, owner: str) -> None:
         """Push back the expiry of every held lease of `owner`: a client that calls is
@@ -176,17 +206,21 @@ class LeaseTable:
         self._notify()
 
     def release_tagged(self, owner: str, tag: str) -> None:
-        """Give back the lease granted under `tag`, if any; if none, refuse one later."""
+        """Give back the leases granted under `tag`, if any; if none, refuse them later."""
         with self._lock:
-            lease = self._tagged.get((owner, tag))
-            if lease is None:
+            leases = self._tagged.get((owner, tag))
+            if leases is None:
                 self._withdraw(owner, tag)
                 return
-            if lease.encoding:
-                lease.released = True
-                return
-            self._drop(lease)
-        self._notify()
+            freed = False
+            for lease in list(leases):
+                if lease.encoding:
+                    lease.released = True
+                else:
+                    self._drop(lease)
+                    freed = True
+        if freed:
+            self._notify()
 
     def take(self, owner: str, lease_ids: Iterable[str]) -> list[Lease]:
         """Hand leases to an encode, all or none. Duplicate ids are taken once."""
@@ -273,6 +307,11 @@ class LeaseTable:
                 largest_free=max(a.largest_free for a in self._allocators),
             )
 
+    def in_encodes(self) -> int:
+        """How many leases encodes hold: while any do, the pool is moving."""
+        with self._lock:
+            return sum(lease.encoding for lease in self._leases.values())
+
     def owners(self) -> set[str]:
         with self._lock:
             return set(self._by_owner)
@@ -289,6 +328,50 @@ class LeaseTable:
                 f"no lease {lease_id[:40]!r} (unknown, expired or already consumed)"
             )
         return lease
+
+    def _allocate(
+        self,
+        owner: str,
+        sizes: Sequence[int],
+        *,
+        spare: bool = False,
+        unclaimed: bool = False,
+        tag: str = "",
+    ) -> list[Lease] | None:
+        """Regions for every size, first fit slab by slab, or none at all."""
+        placed: list[tuple[int, int, int]] = []
+        for size in sizes:
+            for slab_id, allocator in enumerate(self._allocators):
+                region = allocator.allocate(size)
+                if region is not None:
+                    placed.append((slab_id, *region))
+                    break
+            else:
+                for slab_id, offset, _ in placed:
+                    self._allocators[slab_id].free(offset)
+                return None
+        ttl = min(self.ttl, SPARE_TTL) if spare else self.ttl
+        expires_at = self._clock() + ttl
+        mine = self._by_owner.setdefault(owner, {})
+        leases = []
+        for slab_id, offset, length in placed:
+            lease = Lease(
+                id=secrets.token_hex(16),
+                owner=owner,
+                slab_id=slab_id,
+                offset=offset,
+                size=length,
+                expires_at=expires_at,
+                spare=spare,
+                unclaimed=unclaimed,
+                tag=tag,
+                ttl=ttl,
+            )
+            self._leases[lease.id] = lease
+            mine[lease.id] = lease
+            leases.append(lease)
+        self.granted += len(leases)
+        return leases
 
     def _check_tag(self, owner: str, tag: str) -> None:
         until = self._withdrawn.get(owner, {}).get(tag)
@@ -320,7 +403,11 @@ class LeaseTable:
     def _drop(self, lease: Lease) -> None:
         del self._leases[lease.id]
         if lease.tag:
-            del self._tagged[(lease.owner, lease.tag)]
+            key = (lease.owner, lease.tag)
+            siblings = self._tagged[key]
+            siblings.remove(lease)
+            if not siblings:
+                del self._tagged[key]
         mine = self._by_owner[lease.owner]
         del mine[lease.id]
         if not mine:

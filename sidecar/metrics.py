@@ -54,6 +54,13 @@ class Metrics:
         self.bytes = prom.Counter(
             "video_sidecar_output_bytes", "Encoded bytes produced", registry=self.registry
         )
+        self.lease_wait_seconds = prom.Histogram(
+            "video_sidecar_lease_wait_seconds",
+            "Time a lease request waited in the queue for room, when it had to wait",
+            buckets=BUCKETS,
+            registry=self.registry,
+        )
+        sidecar.queue.observe = self.lease_wait_seconds.observe
         self.registry.register(_StateCollector(sidecar, prom))
 
     def observe(self, code: str, seconds: float, frames: int, nbytes: int) -> None:
@@ -105,6 +112,20 @@ class _StateCollector:
         yield core.GaugeMetricFamily(
             "video_sidecar_encodes_queued", "Encodes waiting for a slot", value=s.queued_encodes
         )
+        yield core.GaugeMetricFamily(
+            "video_sidecar_lease_waiters",
+            "Lease requests waiting for room now",
+            value=len(s.lease_waiters),
+        )
+        refusals = core.CounterMetricFamily(
+            "video_sidecar_lease_refusals",
+            "Lease requests the queue gave up on, by why (wait, stall, cancelled)",
+            labels=["reason"],
+        )
+        counts = dict.fromkeys(("wait", "stall", "cancelled"), 0) | s.lease_queue.refusals
+        for reason, count in sorted(counts.items()):
+            refusals.add_metric([reason], count)
+        yield refusals
         errors = core.CounterMetricFamily(
             "video_sidecar_errors", "Errors answered, by gRPC status code", labels=["code"]
         )

@@ -1,14 +1,17 @@
-"""Admission and scheduling: encoder slots, the thread pool, and how many threads a job gets.
+"""Admission and scheduling: encoder slots, the threads, and how many threads a job gets.
 
-Encodes run on a bounded thread pool, never on the event loop, so health and status keep
-answering while a long encode runs; PyAV drops the GIL while it converts, encodes and
-muxes. A job waits for one of `max_concurrent_encodes` slots, then gets a share of the
-cores that depends on how many encodes run beside it.
+Encodes run on threads, never on the event loop, so health and status keep answering
+while a long encode runs; PyAV drops the GIL while it converts, encodes and muxes. A job
+holds one of `max_concurrent_encodes` slots while it has frames to encode, and gets a
+share of the cores that depends on how many encodes run beside it.
 
-A slot can be lent while a client with an encode in flight waits for room in the pool: a
-stream holds its slot while its client waits to lease the next chunk, and the requests
-queued for that slot hold the leases that would make the room. The lent slot runs one of
-them; it is taken back once a slot frees after the wait.
+A whole video holds its slot from start to end: every frame is in its leases already,
+so it always finishes. A stream holds a slot only while it has a chunk to encode: between
+chunks its encoder waits on a thread of its own, holding no slot, and gives its slot up
+after a chunk when others wait for one. So a stream waiting for its next chunk (whose
+lease may wait for memory that queued requests hold) never keeps those requests from
+running: every slot is held by work that finishes without more memory, and each lease
+an encode holds comes back.
 """
 
 from __future__ import annotations
@@ -16,15 +19,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from .config_values import cpu_count
 from .encoder import converts, threading_for
-from .errors import SidecarError
+from .errors import PoolExhausted, SidecarError
 from .jobs import EncodeJob
 from .plans import EncodeOutcome
+
+# Streams at once: each has an encoder thread of its own (waiting between chunks).
+MAX_STREAMS = 64
+POLL_S = 0.1  # how often a stream waiting for a slot looks at its cancel flag
 
 
 class Scheduler:
@@ -38,13 +45,17 @@ class Scheduler:
         self._jobs: set[EncodeJob] = set()
         self._running: set[asyncio.Task[EncodeOutcome]] = set()
         self._abandoned = False  # closed without waiting for stuck threads
-        self.lent = 0  # slots lent to queued encodes while a client waits for room
-        self._taking_back: set[asyncio.Task[bool]] = set()
+        self._stream_threads: ThreadPoolExecutor | None = None
+        self.streams = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:
-        # Room for as many lent slots as slots (see `lend`).
+        self._loop = asyncio.get_running_loop()
         self._executor = ThreadPoolExecutor(
-            max_workers=2 * self.max_concurrent, thread_name_prefix="encode"
+            max_workers=self.max_concurrent, thread_name_prefix="encode"
+        )
+        self._stream_threads = ThreadPoolExecutor(
+            max_workers=MAX_STREAMS, thread_name_prefix="stream"
         )
         self._slots = asyncio.Semaphore(self.max_concurrent)
 
@@ -54,31 +65,23 @@ class Scheduler:
         return bool(self._running)
 
     def submit(self, job: EncodeJob) -> asyncio.Task[EncodeOutcome]:
-        """Queue `job` for a slot; the task ends with its outcome or its error."""
-        task = asyncio.create_task(self._run(job), name=f"encode-{job.plan.request_id}")
+        """Queue `job` for a slot (a stream: start it); the task ends with its outcome or
+        its error."""
+        if job.is_stream:
+            if self.streams >= MAX_STREAMS:
+                raise PoolExhausted(
+                    f"{MAX_STREAMS} streams are open already; end one, or send whole videos"
+                )
+            self.streams += 1
+            run = self._run_stream(job)
+        else:
+            run = self._run(job)
+        task = asyncio.create_task(run, name=f"encode-{job.plan.request_id}")
         self._running.add(task)
         task.add_done_callback(self._running.discard)
         # When the client is gone nobody awaits the task's end; its error is expected.
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
         return task
-
-    def lend(self) -> Callable[[], None] | None:
-        """Lend a slot to the queue while a client with an encode in flight waits for room
-        in the pool; returns what gives it back, or None (nothing queued, or as many lent
-        as there are slots)."""
-        if self._slots is None or not self.queued or self.lent >= self.max_concurrent:
-            return None
-        self.lent += 1
-        self._slots.release()
-
-        def give_back() -> None:
-            self.lent -= 1
-            assert self._slots is not None
-            task = asyncio.ensure_future(self._slots.acquire())  # the next slot to free
-            self._taking_back.add(task)
-            task.add_done_callback(self._taking_back.discard)
-
-        return give_back
 
     async def cancel_all(self, error: SidecarError, timeout: float) -> bool:
         """Stop every job, telling its client `error`, and wait at most `timeout` seconds
@@ -92,10 +95,9 @@ class Scheduler:
     def close(self, wait: bool = True) -> None:
         """Stop the thread pool; `wait=False` leaves threads that would not stop behind."""
         self._abandoned = not wait
-        for task in list(self._taking_back):
-            task.cancel()
-        if self._executor is not None:
-            self._executor.shutdown(wait=wait, cancel_futures=True)
+        for executor in (self._executor, self._stream_threads):
+            if executor is not None:
+                executor.shutdown(wait=wait, cancel_futures=True)
 
     async def _run(self, job: EncodeJob) -> EncodeOutcome:
         assert self._slots is not None
@@ -119,11 +121,25 @@ class Scheduler:
             self._jobs.discard(job)
             job.abandon()  # a job that never ran still owns its leases
 
-    async def _run_in_thread(self, job: EncodeJob, queue_s: float) -> EncodeOutcome:
+    async def _run_stream(self, job: EncodeJob) -> EncodeOutcome:
+        self._jobs.add(job)
+        try:
+            job.slots = slots = StreamSlots(self, job)
+            return await self._run_in_thread(job, 0.0, self._stream_threads)
+        finally:
+            if job.slots is slots:
+                slots.release()
+            self.streams -= 1
+            self._jobs.discard(job)
+            job.abandon()
+
+    async def _run_in_thread(
+        self, job: EncodeJob, queue_s: float, executor: ThreadPoolExecutor | None = None
+    ) -> EncodeOutcome:
         threads, thread_type, cores = self.threading(job)
         fixed = bool(job.plan.threads or self.encoder_threads)
         run = functools.partial(job.run, threads, thread_type, queue_s, fixed=fixed, cores=cores)
-        future = asyncio.get_running_loop().run_in_executor(self._executor, run)
+        future = asyncio.get_running_loop().run_in_executor(executor or self._executor, run)
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -146,3 +162,73 @@ class Scheduler:
             frames, height, share, converts=converts(job.plan.geometry)
         )
         return (asked or threads), thread_type, share  # an explicit count is honoured as given
+
+
+class StreamSlots:
+    """A stream's hold on an encode slot, taken and given up from its encoder thread."""
+
+    def __init__(self, scheduler: Scheduler, job: EncodeJob) -> None:
+        self._scheduler = scheduler
+        self._job = job
+        self.held = False
+        self.waited_s = 0.0  # in the slot queue, in all
+
+    def hold(self) -> bool:
+        """Hold a slot (waiting in turn for one); False if the job was stopped first."""
+        if self.held:
+            return True
+        scheduler, loop = self._scheduler, self._scheduler._loop
+        assert loop is not None and scheduler._slots is not None
+        slots = scheduler._slots
+        lock = threading.Lock()
+        took = threading.Event()
+        state = {"abandoned": False}
+        t0 = time.perf_counter()
+
+        async def take() -> None:
+            scheduler.queued += 1
+            try:
+                await slots.acquire()
+            finally:
+                scheduler.queued -= 1
+            with lock:
+                if state["abandoned"]:
+                    slots.release()
+                    return
+                scheduler.active += 1
+                took.set()
+
+        waiter = asyncio.run_coroutine_threadsafe(take(), loop)
+        while not took.wait(POLL_S):
+            if self._job.stopped:
+                with lock:
+                    if not took.is_set():
+                        state["abandoned"] = True
+                        with contextlib.suppress(RuntimeError):
+                            loop.call_soon_threadsafe(waiter.cancel)
+                        return False
+                break
+        self.waited_s += time.perf_counter() - t0
+        self.held = True
+        return True
+
+    def release(self) -> None:
+        """Give the slot up (between chunks, or at the end)."""
+        if not self.held:
+            return
+        self.held = False
+        scheduler, loop = self._scheduler, self._scheduler._loop
+        assert loop is not None
+
+        def give() -> None:
+            scheduler.active -= 1
+            assert scheduler._slots is not None
+            scheduler._slots.release()
+
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the daemon is gone
+            loop.call_soon_threadsafe(give)
+
+    def share(self) -> None:
+        """After a chunk: give the slot up if others wait for one (taken again in turn)."""
+        if self.held and self._scheduler.queued:
+            self.release()

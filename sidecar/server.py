@@ -33,6 +33,7 @@ from .config_values import runtime_dir
 from .errors import StartupError
 from .framed import FramedServer
 from .metrics import Metrics
+from .pool_sizing import describe_pool
 from .service import Sidecar
 from .servicer import VideoSidecarServicer, add_to_server
 from .shm import not_in_group
@@ -107,6 +108,10 @@ class Server:
     async def startup(self) -> None:
         self._prepare_socket()
         await self.sidecar.start()
+        choice, *warning = describe_pool(self.config)
+        log.info(choice)
+        for line in warning:
+            log.warning(line)
         try:
             server = grpc.aio.server(
                 options=[

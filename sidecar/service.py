@@ -21,7 +21,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from .events import Chunk, Progress
 from .frames import Limits
 from .intake import StreamIntake
 from .jobs import EncodeJob
+from .lease_queue import MAX_REGIONS, LeaseQueue
 from .leases import Lease, LeaseTable, check_tag
 from .planner import Accepted, Planner
 from .plans import EncodeOutcome
@@ -75,6 +76,7 @@ class Sidecar:
         self.leases = LeaseTable(
             config.slabs, config.slab_size, alignment=config.slab_alignment, ttl=config.lease_ttl
         )
+        self.queue = LeaseQueue(self.leases, config.max_lease_wait)
         self.output_root = Path(config.output_dir)
         self.clients = Clients()
         self.planner = Planner(self.leases, self.slabset, self.limits, self.output_root)
@@ -85,18 +87,18 @@ class Sidecar:
         self._started_at = time.monotonic()
         self._accepting = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._freed: asyncio.Event | None = None
         self._reaper: asyncio.Task[None] | None = None
         self._working: Counter[str] = Counter()  # tokens with an encode in flight
+        self._waiting: Counter[str] = Counter()  # tokens waiting in the queue for room
 
     # -- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._freed = asyncio.Event()
         self._prepare_output_root()
         self.slabset.open()
-        self.leases.on_free = self._wake_waiters
+        self.queue.start(self._loop)
+        self.leases.on_free = self.queue.freed
         self.scheduler.start()
         self.warm.start()
         self.processes.start([str(slab.path) for slab in self.slabset.slabs])
@@ -160,41 +162,26 @@ class Sidecar:
             max_lease_wait=self.config.max_lease_wait,
         )
 
-    async def lease(self, token: str, size: int, wait: float, tag: str = "") -> Lease:
-        """Grant a lease, waiting at most `wait` seconds (capped) for room. While the
-        daemon drains, a client with an encode in flight may still lease (a stream's next
-        chunks), so that the encode finishes within the grace period. `tag`: the client's
-        name for the request, to release the lease by if the reply is lost."""
+    async def lease(self, token: str, sizes: list[int], wait: float, tag: str = "") -> list[Lease]:
+        """Regions of `sizes`, granted together, waiting in the queue at most `wait`
+        seconds for room (see `lease_queue`). While the daemon drains, a client with an
+        encode in flight may still lease (a stream's next chunks), so that the encode
+        finishes within the grace period. `tag`: the client's name for the request, to
+        release its leases by if the reply is lost."""
         check_tag(tag)
+        if not 1 <= len(sizes) <= MAX_REGIONS:
+            raise InvalidRequest("more_sizes", f"a lease request holds 1-{MAX_REGIONS} regions")
+        self.leases.check_sizes(sizes)
         if token not in self._working:
             self._check_accepting()
         self._seen(token)
-        assert self._freed is not None
-        deadline = time.monotonic() + max(0.0, min(wait, self.config.max_lease_wait))
-        give_back: Callable[[], None] | None = None
+        self._waiting[token] += 1
         try:
-            while True:
-                self._freed.clear()
-                lease = self.leases.grant(token, size, tag=tag)
-                if lease is not None:
-                    return lease
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    usage = self.leases.usage()
-                    raise PoolExhausted(
-                        f"no room for {size} bytes within the wait: {usage.leased_bytes} of "
-                        f"{usage.total_bytes} bytes leased, largest free region "
-                        f"{usage.largest_free}"
-                    )
-                if give_back is None and token in self._working:
-                    # Its own encode may hold the slot that the queue, holding the room
-                    # it waits for, waits for (a stream between chunks).
-                    give_back = self.scheduler.lend()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._freed.wait(), remaining)
+            return await self.queue.acquire(token, self.clients.name(token), sizes, wait, tag)
         finally:
-            if give_back is not None:
-                give_back()
+            self._waiting[token] -= 1
+            if not self._waiting[token]:
+                del self._waiting[token]
 
     def release(self, token: str, lease_id: str, tag: str = "") -> None:
         """Give back a lease named by its id, or by the tag of the request that granted it."""
@@ -212,18 +199,12 @@ class Sidecar:
         self.clients.check(token)
         self.leases.renew(token)
 
-    def _wake_waiters(self) -> None:
-        # Called from encoder threads as well as the loop.
-        loop, freed = self._loop, self._freed
-        if loop is not None and freed is not None:
-            with contextlib.suppress(RuntimeError):  # the loop is already closed at shutdown
-                loop.call_soon_threadsafe(freed.set)
-
     async def _reap_expired(self) -> None:
         interval = min(1.0, self.config.lease_ttl / 4)
         while True:
             await asyncio.sleep(interval)
-            for token in list(self._working):  # waiting on its own encode is not silence
+            # Waiting on its own encode, or in the queue for room, is not silence.
+            for token in {*self._working, *self._waiting}:
                 self.leases.renew(token)
             expired = self.leases.expire()
             spares = sum(lease.spare for lease in expired)
@@ -346,7 +327,8 @@ class Sidecar:
         if not outcome.unsent:
             return b"", None, False
         token = spec.client_token
-        if whole and _in_next_lease(spec, outcome):
+        # No spare while others wait for room: it would jump the queue.
+        if whole and _in_next_lease(spec, outcome) and not self.queue.waiting:
             # The client's next frames go in the same lease, once it has the output.
             lease = await self._in_lease(token, outcome, spec.next_lease_bytes, spare=True)
             if lease is not None:
@@ -407,7 +389,7 @@ class Sidecar:
         """The result; `next_lease` when the output already went into it (else one of
         `next_lease_bytes` is granted now, if there is room)."""
         spec, plan = accepted.spec, accepted.plan
-        if next_lease is None and next_lease_bytes:
+        if next_lease is None and next_lease_bytes and not self.queue.waiting:
             with contextlib.suppress(OutOfRange):  # no room is no spare, not an error
                 next_lease = self.leases.grant(spec.client_token, next_lease_bytes, spare=True)
         self.stats.record_success(outcome.frames, outcome.size_bytes)
@@ -460,6 +442,8 @@ class Sidecar:
             warm_hits=self.warm.hits + self.processes.hits,
             warm_misses=self.warm.misses + self.processes.misses,
             process_encodes=self.processes.hits + self.processes.misses,
+            lease_waiters=self.queue.waiters(),
+            lease_queue=self.queue.stats,
         )
 
     def _check_accepting(self) -> None:

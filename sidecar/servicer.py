@@ -37,7 +37,7 @@ from .convert import (
     decoder,
     encode_spec_from_proto,
     event_to_proto,
-    lease_to_proto,
+    leases_to_proto,
     result_to_proto,
     status_to_proto,
     stream_messages,
@@ -45,6 +45,7 @@ from .convert import (
 )
 from .errors import Cancelled, DeadlinePassed, EncodeFailed, InvalidRequest, SidecarError
 from .events import Chunk, Progress
+from .lease_queue import MAX_REGIONS
 from .requests import Result
 from .service import Sidecar
 from .vocabulary import ERROR_DOMAIN, ERROR_KEY, FRAMED_VERSION, Reason
@@ -165,10 +166,13 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         return pb.ReleaseResponse()
 
     async def _lease(self, request: pb.LeaseRequest) -> pb.LeaseResponse:
-        lease = await self.sidecar.lease(
-            request.client_token, request.size, request.wait_ms / 1e3, request.tag
+        if len(request.more_sizes) >= MAX_REGIONS:  # counted before anything is built
+            raise InvalidRequest("more_sizes", f"a lease request holds 1-{MAX_REGIONS} regions")
+        sizes = [request.size, *request.more_sizes]
+        leases = await self.sidecar.lease(
+            request.client_token, sizes, request.wait_ms / 1e3, request.tag
         )
-        return lease_to_proto(lease, self.sidecar.config.lease_ttl)
+        return leases_to_proto(leases)
 
     def _release(self, request: pb.ReleaseRequest) -> None:
         self.sidecar.release(request.client_token, request.lease_id, request.tag)
@@ -200,7 +204,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
                     request_id, received_at, end, events, _after_call(context)
                 ):
                     if isinstance(event, Result):  # progress is not sent: the result is the reply
-                        result = result_to_proto(event, self.sidecar.config.lease_ttl)
+                        result = result_to_proto(event)
             except SidecarError as exc:
                 await self._fail(context, exc)
         return result
@@ -281,7 +285,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         result = pb.EncodeResult()
         async for event in self._relay(request_id, received_at, end, events, sent.append):
             if isinstance(event, Result):
-                result = result_to_proto(event, self.sidecar.config.lease_ttl)
+                result = result_to_proto(event)
         return result
 
     def end_idle_sessions(self) -> None:
@@ -353,7 +357,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
                 async for event in self._relay(
                     request_id, received_at, end, events, _after_call(context)
                 ):
-                    yield event_to_proto(event, self.sidecar.config.lease_ttl)
+                    yield event_to_proto(event)
             except SidecarError as exc:
                 await self._fail(context, exc)
 

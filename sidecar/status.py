@@ -6,6 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from .frames import Limits
+from .lease_queue import QueueStats, WaiterView
 from .leases import PoolUsage
 from .shm import Slab
 from .vocabulary import Reason
@@ -59,3 +60,5 @@ class StatusReport:
     warm_hits: int = 0
     warm_misses: int = 0
     process_encodes: int = 0
+    lease_waiters: list[WaiterView] = field(default_factory=list)
+    lease_queue: QueueStats = field(default_factory=QueueStats)

@@ -32,9 +32,14 @@ def test_every_field_has_a_flag_and_an_env_twin() -> None:
         assert Config.env_name(name) in text
 
 
-def test_precedence_flag_over_env_over_default() -> None:
+def test_precedence_flag_over_env_over_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sidecar import pool_sizing
+
+    # The default pool is sized to the host (tests/test_pool_sizing.py): pretend one.
+    monkeypatch.setattr(pool_sizing, "host_totals", lambda shm_dir: (64 << 30, 128 << 30))
     env = {"VIDEO_SIDECAR_SLABS": "3", "VIDEO_SIDECAR_SLAB_SIZE": "2MiB"}
-    assert Config.load(parse([]), {}).slabs == 8
+    default = Config.load(parse(["--max-concurrent-encodes", "8"]), {})
+    assert (default.slabs, default.slab_size) == (24, 64 << 20)
     from_env = Config.load(parse([]), env)
     assert (from_env.slabs, from_env.slab_size) == (3, 2 << 20)
     from_flag = Config.load(parse(["--slabs", "5"]), env)
@@ -61,7 +66,9 @@ def test_defaults_need_no_root(monkeypatch: pytest.MonkeyPatch, tmp_path) -> Non
 @pytest.mark.parametrize(
     "env",
     [
-        {"VIDEO_SIDECAR_SLABS": "0"},
+        {"VIDEO_SIDECAR_SLABS": "0"},  # `auto` is written out
+        {"VIDEO_SIDECAR_SLABS": "-1"},
+        {"VIDEO_SIDECAR_SLAB_SIZE": "0"},
         {"VIDEO_SIDECAR_SLABS": "many"},
         {"VIDEO_SIDECAR_SHM_PREFIX": "../evil"},
         {"VIDEO_SIDECAR_LOG_LEVEL": "loud"},
@@ -137,7 +144,11 @@ def test_to_args_turns_settings_into_serve_flags() -> None:
     assert (ns.insecure, ns.log_json, ns.slab_size) == (True, False, 16 << 20)
 
 
-def test_help_shows_defaults_and_what_a_size_looks_like() -> None:
+def test_help_shows_defaults_and_what_a_size_looks_like(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sidecar import pool_sizing
+
+    # A host with room for 64MiB slabs (a small one says "64MiB; 8MiB here").
+    monkeypatch.setattr(pool_sizing, "host_totals", lambda shm_dir: (64 << 30, 128 << 30))
     parser = argparse.ArgumentParser()
     Config.add_arguments(parser)
     text = " ".join(parser.format_help().split())

@@ -135,30 +135,34 @@ class AttachResponse(_message.Message):
     def __init__(self, client_token: _Optional[str] = ..., instance_id: _Optional[str] = ..., shm_dir: _Optional[str] = ..., slabs: _Optional[_Iterable[_Union[Slab, _Mapping]]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., server_version: _Optional[str] = ..., framed_socket: _Optional[str] = ..., framed_version: _Optional[int] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
-    __slots__ = ("client_token", "size", "wait_ms", "tag")
+    __slots__ = ("client_token", "size", "wait_ms", "tag", "more_sizes")
     CLIENT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     TAG_FIELD_NUMBER: _ClassVar[int]
+    MORE_SIZES_FIELD_NUMBER: _ClassVar[int]
     client_token: str
     size: int
     wait_ms: int
     tag: str
-    def __init__(self, client_token: _Optional[str] = ..., size: _Optional[int] = ..., wait_ms: _Optional[int] = ..., tag: _Optional[str] = ...) -> None: ...
+    more_sizes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, client_token: _Optional[str] = ..., size: _Optional[int] = ..., wait_ms: _Optional[int] = ..., tag: _Optional[str] = ..., more_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class LeaseResponse(_message.Message):
-    __slots__ = ("lease_id", "slab_id", "offset", "size", "ttl_ms")
+    __slots__ = ("lease_id", "slab_id", "offset", "size", "ttl_ms", "more")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     SLAB_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     slab_id: int
     offset: int
     size: int
     ttl_ms: int
-    def __init__(self, lease_id: _Optional[str] = ..., slab_id: _Optional[int] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
+    more: _containers.RepeatedCompositeFieldContainer[LeaseResponse]
+    def __init__(self, lease_id: _Optional[str] = ..., slab_id: _Optional[int] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., ttl_ms: _Optional[int] = ..., more: _Optional[_Iterable[_Union[LeaseResponse, _Mapping]]] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("client_token", "lease_id", "tag")
@@ -502,8 +506,15 @@ class PoolStatus(_message.Message):
     def __init__(self, slabs: _Optional[int] = ..., slab_size: _Optional[int] = ..., total_bytes: _Optional[int] = ..., leased_bytes: _Optional[int] = ..., active_leases: _Optional[int] = ..., largest_free: _Optional[int] = ...) -> None: ...
 
 class Counters(_message.Message):
-    __slots__ = ("requests", "encodes_ok", "encodes_failed", "frames_encoded", "bytes_out", "leases_granted", "leases_expired", "errors", "warm_hits", "warm_misses", "process_encodes")
+    __slots__ = ("requests", "encodes_ok", "encodes_failed", "frames_encoded", "bytes_out", "leases_granted", "leases_expired", "errors", "warm_hits", "warm_misses", "process_encodes", "lease_waits", "lease_wait_s", "lease_refusals")
     class ErrorsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class LeaseRefusalsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -521,6 +532,9 @@ class Counters(_message.Message):
     WARM_HITS_FIELD_NUMBER: _ClassVar[int]
     WARM_MISSES_FIELD_NUMBER: _ClassVar[int]
     PROCESS_ENCODES_FIELD_NUMBER: _ClassVar[int]
+    LEASE_WAITS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    LEASE_REFUSALS_FIELD_NUMBER: _ClassVar[int]
     requests: int
     encodes_ok: int
     encodes_failed: int
@@ -532,10 +546,13 @@ class Counters(_message.Message):
     warm_hits: int
     warm_misses: int
     process_encodes: int
-    def __init__(self, requests: _Optional[int] = ..., encodes_ok: _Optional[int] = ..., encodes_failed: _Optional[int] = ..., frames_encoded: _Optional[int] = ..., bytes_out: _Optional[int] = ..., leases_granted: _Optional[int] = ..., leases_expired: _Optional[int] = ..., errors: _Optional[_Mapping[str, int]] = ..., warm_hits: _Optional[int] = ..., warm_misses: _Optional[int] = ..., process_encodes: _Optional[int] = ...) -> None: ...
+    lease_waits: int
+    lease_wait_s: float
+    lease_refusals: _containers.ScalarMap[str, int]
+    def __init__(self, requests: _Optional[int] = ..., encodes_ok: _Optional[int] = ..., encodes_failed: _Optional[int] = ..., frames_encoded: _Optional[int] = ..., bytes_out: _Optional[int] = ..., leases_granted: _Optional[int] = ..., leases_expired: _Optional[int] = ..., errors: _Optional[_Mapping[str, int]] = ..., warm_hits: _Optional[int] = ..., warm_misses: _Optional[int] = ..., process_encodes: _Optional[int] = ..., lease_waits: _Optional[int] = ..., lease_wait_s: _Optional[float] = ..., lease_refusals: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("server_version", "instance_id", "uptime_s", "pool", "active_encodes", "queued_encodes", "max_concurrent_encodes", "clients", "counters", "encoder_processes")
+    __slots__ = ("server_version", "instance_id", "uptime_s", "pool", "active_encodes", "queued_encodes", "max_concurrent_encodes", "clients", "counters", "encoder_processes", "lease_waiters")
     SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
@@ -546,6 +563,7 @@ class StatusResponse(_message.Message):
     CLIENTS_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
     ENCODER_PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    LEASE_WAITERS_FIELD_NUMBER: _ClassVar[int]
     server_version: str
     instance_id: str
     uptime_s: float
@@ -556,4 +574,17 @@ class StatusResponse(_message.Message):
     clients: int
     counters: Counters
     encoder_processes: int
-    def __init__(self, server_version: _Optional[str] = ..., instance_id: _Optional[str] = ..., uptime_s: _Optional[float] = ..., pool: _Optional[_Union[PoolStatus, _Mapping]] = ..., active_encodes: _Optional[int] = ..., queued_encodes: _Optional[int] = ..., max_concurrent_encodes: _Optional[int] = ..., clients: _Optional[int] = ..., counters: _Optional[_Union[Counters, _Mapping]] = ..., encoder_processes: _Optional[int] = ...) -> None: ...
+    lease_waiters: _containers.RepeatedCompositeFieldContainer[LeaseWaiter]
+    def __init__(self, server_version: _Optional[str] = ..., instance_id: _Optional[str] = ..., uptime_s: _Optional[float] = ..., pool: _Optional[_Union[PoolStatus, _Mapping]] = ..., active_encodes: _Optional[int] = ..., queued_encodes: _Optional[int] = ..., max_concurrent_encodes: _Optional[int] = ..., clients: _Optional[int] = ..., counters: _Optional[_Union[Counters, _Mapping]] = ..., encoder_processes: _Optional[int] = ..., lease_waiters: _Optional[_Iterable[_Union[LeaseWaiter, _Mapping]]] = ...) -> None: ...
+
+class LeaseWaiter(_message.Message):
+    __slots__ = ("client", "bytes", "regions", "waited_s")
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    WAITED_S_FIELD_NUMBER: _ClassVar[int]
+    client: str
+    bytes: int
+    regions: int
+    waited_s: float
+    def __init__(self, client: _Optional[str] = ..., bytes: _Optional[int] = ..., regions: _Optional[int] = ..., waited_s: _Optional[float] = ...) -> None: ...

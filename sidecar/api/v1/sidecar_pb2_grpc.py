@@ -89,8 +89,12 @@ class VideoSidecarServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Lease(self, request, context):
-        """Lease reserves a region of one slab. It waits at most `wait_ms` (capped by the daemon)
-        for room, then fails with RESOURCE_EXHAUSTED.
+        """Lease reserves a region of one slab, or several regions at once (`more_sizes`), all
+        or nothing. Requests that find no room wait in one queue, served in arrival order:
+        a waiter holds nothing, and none is served before an earlier one. A waiter leaves
+        the queue when its `wait_ms` passes (RESOURCE_EXHAUSTED), or when nothing in the pool
+        has moved for the daemon's `Limits.max_lease_wait_ms` (no lease freed and none in an
+        encode: the memory is held by clients that are not using it).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

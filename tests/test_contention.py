@@ -1,0 +1,184 @@
+"""Several clients whose videos each need more than one slab, and together more than the
+pool: every request succeeds, none waits on a timer (the hold-and-wait deadlock, where
+each holds part of what it needs and waits for the rest, broken only by a lease wait)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+
+from client import SidecarClient
+from client.patterns import moving_pattern
+
+from .helpers import Daemon
+
+# 448x256 RGB: 344,064 bytes a frame, 24 frames to an 8 MiB slab. A 48-frame video takes
+# two slabs, and four clients want eight of the pool's four.
+SMALL_POOL = {"slabs": 4, "slab_size": "8MiB", "max_lease_wait": 30, "max_concurrent_encodes": 1}
+H, W = 256, 448
+
+
+def _limit(serial_s: float, clients: int) -> float:
+    """The longest a request may take among `clients`: a few times its serial time for
+    each, with a floor for a loaded machine; a 30 s lease wait is far past it."""
+    return max(8.0, 3 * serial_s * clients)
+
+
+def _serial(d: Daemon, send: Callable[[SidecarClient], Any]) -> float:
+    with d.client() as c:
+        send(c)  # warm: the first encode opens what later ones reuse
+        t0 = time.monotonic()
+        send(c)
+        return time.monotonic() - t0
+
+
+def _run_threads(
+    d: Daemon, n: int, rounds: int, send: Callable[[SidecarClient, int], Any]
+) -> tuple[list[float], list[BaseException]]:
+    times: list[float] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    start = threading.Barrier(n)
+
+    def worker(i: int) -> None:
+        with d.client(client_name=f"w{i}") as c:
+            start.wait()
+            for _ in range(rounds):
+                t0 = time.monotonic()
+                try:
+                    send(c, i)
+                except BaseException as exc:  # counted, not raised: every failure shows
+                    with lock:
+                        errors.append(exc)
+                with lock:
+                    times.append(time.monotonic() - t0)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not any(t.is_alive() for t in threads), "a client never finished"
+    return times, errors
+
+
+def _assert_idle(d: Daemon) -> None:
+    with d.client() as c:
+        deadline = time.monotonic() + 10
+        while (s := c.status()).pool["active_leases"] or s.active_encodes:
+            assert time.monotonic() < deadline, s
+            time.sleep(0.05)
+        assert s.lease_waiters == []
+
+
+def test_whole_videos_of_two_slabs_each_from_threads_all_succeed(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    d = make_daemon(**SMALL_POOL)
+    videos = [moving_pattern(frames, H, W, seed=i) for i, frames in enumerate((36, 40, 44, 48))]
+    serial = _serial(d, lambda c: c.encode(videos[-1]))
+    times, errors = _run_threads(d, 5, 3, lambda c, i: c.encode(videos[i % len(videos)]))
+    assert errors == [], errors[:3]
+    assert max(times) <= _limit(serial, 5), (max(times), serial)
+    _assert_idle(d)
+
+
+def test_whole_videos_with_audio_all_succeed(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    """The audio track's lease is granted with the frames', not held while waiting."""
+    d = make_daemon(**SMALL_POOL)
+    video = moving_pattern(40, H, W)
+    tone = np.full((22050 * 2, 2), 0.1, np.float32)
+    serial = _serial(d, lambda c: c.encode(video, audio=tone, sample_rate=22050))
+    times, errors = _run_threads(
+        d, 4, 2, lambda c, i: c.encode(video, audio=tone, sample_rate=22050)
+    )
+    assert errors == [], errors[:3]
+    assert max(times) <= _limit(serial, 4), (max(times), serial)
+    _assert_idle(d)
+
+
+def _stream(c: SidecarClient, video: np.ndarray, chunk: int = 16) -> Any:
+    with c.stream(fps=24) as s:
+        for first in range(0, len(video), chunk):
+            s.write(video[first : first + chunk])
+    return s.result
+
+
+def test_streams_larger_than_the_pool_all_succeed(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    """Six streams, some larger than the whole pool, on one encode slot: a stream waiting
+    for its next chunk holds no slot, so the chunks others have sent get encoded."""
+    d = make_daemon(**SMALL_POOL)
+    short, long = moving_pattern(64, H, W), moving_pattern(112, H, W, seed=1)  # 112: 38.5 MB
+    serial = _serial(d, lambda c: _stream(c, long))
+
+    def send(c: SidecarClient, i: int) -> None:
+        result = _stream(c, long if i % 2 else short)
+        assert result.frames == (112 if i % 2 else 64)
+
+    times, errors = _run_threads(d, 6, 2, send)
+    assert errors == [], errors[:3]
+    assert max(times) <= _limit(serial, 6), (max(times), serial)
+    _assert_idle(d)
+
+
+def test_whole_videos_and_videos_larger_than_the_pool_mixed(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    """`encode` sends a video over half the pool as a stream by itself; beside whole
+    videos of two slabs, none starves and none fails."""
+    d = make_daemon(**SMALL_POOL)
+    whole, large = moving_pattern(44, H, W), moving_pattern(120, H, W, seed=2)
+    serial = _serial(d, lambda c: c.encode(large))
+
+    def send(c: SidecarClient, i: int) -> None:
+        video = large if i == 0 else whole
+        assert c.encode(video).frames == len(video)
+
+    times, errors = _run_threads(d, 5, 2, send)
+    assert errors == [], errors[:3]
+    assert max(times) <= _limit(serial, 5), (max(times), serial)
+    _assert_idle(d)
+
+
+def _encode_in_process(socket: str, frames: int, rounds: int) -> list[float]:
+    video = moving_pattern(frames, H, W)
+    times = []
+    with SidecarClient(socket) as c:
+        for _ in range(rounds):
+            t0 = time.monotonic()
+            c.encode(video)
+            times.append(time.monotonic() - t0)
+    return times
+
+
+def test_whole_videos_from_processes_all_succeed(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    d = make_daemon(**SMALL_POOL)
+    serial = _serial(d, lambda c: c.encode(moving_pattern(48, H, W)))
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(4, mp_context=spawn) as pool:
+        runs = [pool.submit(_encode_in_process, d.socket, 36 + 4 * i, 2) for i in range(4)]
+        times = [t for run in runs for t in run.result(timeout=300)]
+    # A spawned worker's first request also pays for its imports and attach.
+    assert max(times) <= _limit(serial, 4) + 5, (max(times), serial)
+    _assert_idle(d)
+
+
+def test_a_waiter_is_refused_only_once_nothing_in_the_pool_moves(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    """Leases held by hand and kept: nothing moves, so a waiter is refused after the
+    daemon's --max-lease-wait, naming the fix; the refusal is logged and counted."""
+    d = make_daemon(slabs=2, slab_size="8MiB", max_lease_wait=1)
+    with d.client(client_name="holder") as holder, d.client(client_name="waiter") as waiter:
+        held = [holder.lease(8 * 1024 * 1024) for _ in range(2)]
+        t0 = time.monotonic()
+        with pytest.raises(Exception, match="nothing in the pool moved") as err:
+            waiter.encode(moving_pattern(8, H, W))
+        assert 0.8 < time.monotonic() - t0 < 5
+        assert "--slabs" in str(err.value)
+        status = waiter.status()
+        assert status.counters["lease_refusals"] == {"stall": 1}
+        for lease in held:
+            holder.release(lease)
+    assert "lease refused (stall): client=waiter" in d.log()
