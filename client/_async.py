@@ -12,7 +12,7 @@ import grpc
 from sidecar.api.v1 import sidecar_pb2 as pb
 
 from ._api import ClientApi
-from ._core import fork_generation, keep_after_fork, open_channel
+from ._channel import fork_generation, keep_after_fork, open_channel
 from ._errors import DeadlineExceeded, SidecarUnavailable
 from ._framed import AsyncFramedConnection, to_the_end
 from ._steps import (
@@ -148,6 +148,12 @@ class AsyncSidecarClient(ClientApi[Coroutine[Any, Any, EncodeResult], "AsyncVide
     async def status(self) -> Status:
         """Pool occupancy, encodes and counters."""
         return await self._run(self._core.status())
+
+    async def warm_up(self, device: Any = None) -> None:
+        """Attach now and, on a GPU worker (or given a CUDA `device`), register every slab
+        and compile the GPU conversion kernel: the first request then pays none of it.
+        Attach does the CUDA part by itself once the process has started CUDA."""
+        await self._run(self._core.warm_up(device))
 
     async def health(self, service: str = "") -> str:
         """The daemon's health status name, e.g. "SERVING"."""

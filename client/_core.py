@@ -8,22 +8,21 @@ touches the network; `SidecarClient` and `AsyncSidecarClient` perform its ops.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
-import weakref
+import sys
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2
-from grpc_health.v1.health_pb2_grpc import HealthStub
 
 from sidecar.api.v1 import sidecar_pb2 as pb
-from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
-from sidecar.config_values import default_socket
-from sidecar.vocabulary import MAX_MESSAGE_BYTES, Reason
+from sidecar.vocabulary import Reason
 
 from ._audio import Pcm
+from ._channel import fork_generation, resolve_target
 from ._convert import Conversion
 from ._cuda import CudaHost, CudaVideo
 from ._errors import (
@@ -40,7 +39,7 @@ from ._options import VideoFormat, check_lease
 from ._results import attachment_from_proto, status_from_proto
 from ._slabs import SlabMap
 from ._spare import Spare
-from ._steps import Call, Exchange, Exclusive, Steps
+from ._steps import Call, Exchange, Exclusive, Steps, Work
 from ._types import Attachment, Lease, Status
 from ._video import VideoSource, prepare_video, warn_caller
 
@@ -52,84 +51,18 @@ TRANSPORTS = ("auto", "shm", "inline")
 # timeout. The daemon refuses it once nothing in the pool has moved for its max wait.
 UNBOUNDED_WAIT = 24 * 3600.0
 MAX_WAIT_MS = 2**32 - 1  # LeaseRequest.wait_ms is a uint32
-CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    # A local daemon that restarts should be found again within a fraction of a second.
-    # Not "grpc.min_reconnect_backoff_ms": gRPC also takes it as the time a connection
-    # has to complete its handshake, and a daemon on a busy host may take longer than a
-    # backoff's worth; each call would then fail at once, UNAVAILABLE.
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
 
 
-class _Forks:
-    """How many forks this process is a child of, counted as they happen: a fork check
-    that costs no system call (`os.getpid` does), made before every call.
-
-    A child also keeps every client's gRPC objects from before the fork (its channel and
-    kept session calls) referenced for good: collected, a call's finalizer would cancel
-    it, on the connection the child shares with its parent."""
-
-    generation = 0
-    clients: ClassVar[weakref.WeakSet[Any]] = weakref.WeakSet()  # with `grpc_objects()`
-    inherited: ClassVar[list[Any]] = []
-
-    @classmethod
-    def after_fork_in_child(cls) -> None:
-        cls.generation += 1
-        cls.inherited.extend(client.grpc_objects() for client in list(cls.clients))
-
-
-os.register_at_fork(after_in_child=_Forks.after_fork_in_child)
-
-
-def fork_generation() -> int:
-    """Changes in a child after fork: anything made before belongs to the parent."""
-    return _Forks.generation
-
-
-def keep_after_fork(client: Any) -> None:
-    """Have a child after fork keep `client.grpc_objects()` from being collected."""
-    _Forks.clients.add(client)
+def _cuda_in_use() -> bool:
+    """Whether this process has started CUDA (through torch): a GPU worker."""
+    torch = sys.modules.get("torch")
+    return torch is not None and bool(torch.cuda.is_initialized())
 
 
 def audio_in(pcm: Pcm, lease: Lease) -> list[pb.AudioData]:
     """The audio track written at the start of `lease`, as the request names it."""
     lease.array[: pcm.nbytes] = pcm.data.reshape(-1).view("u1")
     return [pb.AudioData(range=pb.AudioRange(lease_id=lease.id, offset=0, size=pcm.nbytes))]
-
-
-def resolve_target(target: str | None) -> str:
-    """A gRPC target from a socket path, `unix:` URI or `host:port`.
-
-    With no target: $VIDEO_SIDECAR_SOCKET, else the daemon's default socket.
-    """
-    target = target or os.environ.get("VIDEO_SIDECAR_SOCKET") or default_socket()
-    if target.startswith(("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")):
-        return target
-    if "/" in target or target.endswith(".sock"):
-        return f"unix:{os.path.abspath(target)}"
-    return target
-
-
-def open_channel(api: Any, target: str, credentials: Any) -> tuple[Any, dict[str, Any]]:
-    """A channel from `grpc` or `grpc.aio` (the same calls) with the client's options, and
-    its stubs by `Call.service`."""
-    options = list(CHANNEL_OPTIONS)
-    if not api.__name__.endswith(".aio"):
-        # Streamed answers (Encode's events) read on the calling thread: otherwise the
-        # blocking API starts a thread per call, some 1.5 ms of each small request.
-        from grpc.experimental import ChannelOptions
-
-        options.append((ChannelOptions.SingleThreadedUnaryStream, 1))
-    if credentials is not None:  # TCP with TLS
-        channel = api.secure_channel(target, credentials, options=options)
-    else:
-        channel = api.insecure_channel(target, options=options)
-    sidecar = pb_grpc.VideoSidecarStub(channel)  # type: ignore[no-untyped-call]
-    return channel, {"sidecar": sidecar, "health": HealthStub(channel)}
 
 
 class ClientCore:
@@ -231,6 +164,8 @@ class ClientCore:
         self.attachment = attachment
         self.framed = framed_path(self.target, resp.framed_socket, resp.framed_version)
         self.spare.drop()  # leases belong to the old token
+        if not self.inline and _cuda_in_use():  # a GPU worker: none of it in a request
+            yield Work(self._cuda_host().warm_up, long=True)
         return attachment
 
     def reattached(self, steps: Callable[[], Steps[T]]) -> Steps[T]:
@@ -363,10 +298,19 @@ class ClientCore:
         )
 
     def _cuda_video(self, view: Any, conversion: Conversion) -> CudaVideo:
+        return self._cuda_host().video(view, conversion)
+
+    def _cuda_host(self) -> CudaHost:
         if self.cuda is None:
             self.cuda = CudaHost(self.slabs)
             self.slabs.before_unmap = self.cuda.unregister
-        return self.cuda.video(view, conversion)
+        return self.cuda
+
+    def warm_up(self, device: Any = None) -> Steps[None]:
+        """Attach; with a CUDA device, register the slabs and compile the GPU kernel."""
+        yield from self.attach()
+        if not self.inline and (device is not None or _cuda_in_use()):
+            yield Work(functools.partial(self._cuda_host().warm_up, device), long=True)
 
     @property
     def cuda_registrations(self) -> int:

@@ -112,8 +112,12 @@ class CudaHost:
 
     def ensure_registered(self, region: np.ndarray) -> bool:
         """Register the slab holding `region`, once. False means pageable copies."""
+        return self.ensure_registered_at(int(region.ctypes.data))
+
+    def ensure_registered_at(self, address: int) -> bool:
+        """Register the slab holding `address`, once. False means pageable copies."""
         self._check_fork()
-        slab = self.slabs.slab_of(int(region.ctypes.data))
+        slab = self.slabs.slab_of(address)
         if slab is None:
             return False
         address, size = slab
@@ -178,6 +182,30 @@ class CudaHost:
 
     def video(self, view: Any, conversion: Conversion) -> CudaVideo:
         return CudaVideo(view, conversion, self)
+
+    def warm_up(self, device: Any = None) -> None:
+        """What a first request would otherwise pay: register every slab (some 50 ms a
+        GiB), and compile the 4:2:0 kernel for the inputs a generator sends (uint8
+        frames last; bf16, fp16 and fp32 channels first, as a VAE decodes them)."""
+        for address in self.slabs.addresses():
+            self.ensure_registered_at(address)
+        from . import _yuv_kernel
+
+        if not _yuv_kernel.available():
+            return
+        import torch
+
+        device = torch.device(device or "cuda")
+        out = torch.empty((1, 24, 32), dtype=torch.uint8, device=device)
+        for dtype in (torch.uint8, torch.bfloat16, torch.float16, torch.float32):
+            frames = torch.zeros((3, 1, 16, 32), dtype=dtype, device=device)
+            thwc = (
+                frames.permute(1, 2, 3, 0)
+                if dtype.is_floating_point
+                else frames.reshape(1, 16, 32, 3)
+            )
+            _yuv_kernel.rgb_to_yuv420(thwc, out, 1.0, 0.0, False)
+        torch.cuda.synchronize(device)
 
 
 class CudaVideo:

@@ -80,6 +80,10 @@ class SlabMap:
             raise SidecarUnavailable(f"lease [{offset}, {offset + size}) outside slab {slab_id}")
         return array[offset : offset + size]
 
+    def addresses(self) -> list[int]:
+        """The base address of every mapped slab."""
+        return [int(array.ctypes.data) for array in self._arrays.values()]
+
     def slab_of(self, address: int) -> tuple[int, int] | None:
         """(base address, size) of the slab containing `address`."""
         for array in self._arrays.values():

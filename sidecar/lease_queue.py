@@ -10,10 +10,10 @@ deadlock in which several clients each hold part of what they need and wait for 
 A waiter leaves the queue
 - with its regions, when they fit and every waiter ahead of it has been served;
 - refused "wait", when its own wait (the client's deadline) is over;
-- refused "stall", when nothing in the pool has moved for `max_wait`: no lease freed
-  and none held by an encode, so the memory is held by clients that are not using it
-  (leases taken by hand and kept, or clients that hang). A queue behind moving traffic
-  never times out on this timer, however long it is;
+- refused "stall", when nothing in the pool has moved for `max_wait` (and it has
+  waited as long): no lease freed and none held by an encode, so the memory is held by
+  clients that are not using it (leases taken by hand and kept, or clients that hang).
+  A queue behind moving traffic never times out on this timer, however long it is;
 - "cancelled", when its client goes away.
 """
 
@@ -121,12 +121,14 @@ class LeaseQueue:
                 if now >= deadline:
                     why = "wait"
                     break
-                if now >= self._moved_at + self.max_wait:
+                stall_at = max(self._moved_at, since) + self.max_wait
+                if now >= stall_at:
                     if not self._table.in_encodes():
                         why = "stall"
                         break
                     self._moved_at = now  # encodes hold memory: it will come back
-                until = min(deadline, self._moved_at + self.max_wait)
+                    stall_at = now + self.max_wait
+                until = min(deadline, stall_at)
                 await asyncio.wait({waiter.future}, timeout=until - now)
         except asyncio.CancelledError:
             self.stats.refusals["cancelled"] += 1

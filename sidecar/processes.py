@@ -16,10 +16,13 @@ Three processes start with the daemon and stay: a clip of a few small frames enc
 faster than an encoder opens, so with two, back-to-back requests would wait for the other
 one's open. More start on demand, in the background, one for every request that found
 all of them busy (about 0.3 s each; requests meanwhile encode in the daemon), up to
-`limit`; those stop after `idle_s` without work (`--idle-release`, 30 s), and the three
-close their encoders and trim their heaps after as long, so an idle daemon gives the
-memory back. A process that dies costs no request: its frames are still in the leases
-and another process takes them (a second death fails the request). Processes that exit
+`limit`. Every process closes its encoder and trims its heap after `idle_s` without
+work (`--idle-release`, 30 s), so an idle daemon gives the encoders' memory back; the
+processes beyond the three stay up for `KEEP_PEAK_S` more (ten minutes), so that a burst
+after a pause finds as many as the last one needed, and only an open to pay (3-5 ms),
+not a process start (about 0.3 s of a core each, while the burst runs). A process that
+dies costs no request: its frames are still in the leases and another process takes them
+(a second death fails the request). Processes that exit
 before they are up (a broken environment: a library the child cannot load, a limit on
 processes) are said in the log and tried again after 1, 2, 4... up to 60 s, not three
 times a second: requests meanwhile encode in the daemon.
@@ -51,6 +54,7 @@ from .warm import EncoderKey
 log = logging.getLogger(__name__)
 
 KEEP = 3  # started with the daemon and kept
+KEEP_PEAK_S = 600.0  # processes beyond KEEP, idle this long past `idle_s`, stop
 MAINTAIN_S = 1.0  # how often the pool looks for idle processes to stop
 STOP_WAIT_S = 2.0
 STOP_POLL_S = 0.05  # how soon a cancelled request's process is told to stop
@@ -401,7 +405,7 @@ class EncoderProcesses:
             idle += [
                 p
                 for p in self._procs
-                if not p.busy and not p.broken and now - p.idle_since > self.idle_s
+                if not p.busy and not p.broken and now - p.idle_since > self.idle_s + KEEP_PEAK_S
             ][: max(0, spare)]
             for proc in idle:
                 self._procs.remove(proc)

@@ -59,6 +59,8 @@ CHUNK_SIZE = 1024 * 1024  # bytes outputs travel in pieces well under gRPC's 4 M
 NEXT_LEASE_DATA_MIN = 64 * 1024
 # An EncodeOnce result's own bytes: one message, with room left for its other fields.
 ONE_REPLY_DATA_MAX = MAX_MESSAGE_BYTES - 1024 * 1024
+# A request that ends this soon after its client's lease was refused ended for that.
+REFUSAL_NOTE_S = 5.0
 
 
 class Sidecar:
@@ -90,6 +92,10 @@ class Sidecar:
         self._reaper: asyncio.Task[None] | None = None
         self._working: Counter[str] = Counter()  # tokens with an encode in flight
         self._waiting: Counter[str] = Counter()  # tokens waiting in the queue for room
+        # A lease refused to a client with an encode in flight (when, why), and the
+        # requests its client then left for that reason (request id: why), for the log.
+        self._refused: dict[str, tuple[float, str]] = {}
+        self.left_for_room: dict[str, str] = {}
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -178,6 +184,10 @@ class Sidecar:
         self._waiting[token] += 1
         try:
             return await self.queue.acquire(token, self.clients.name(token), sizes, wait, tag)
+        except PoolExhausted as err:
+            if token in self._working:  # its stream's next chunk: the stream ends for it
+                self._refused[token] = (time.monotonic(), str(err))
+            raise
         finally:
             self._waiting[token] -= 1
             if not self._waiting[token]:
@@ -304,6 +314,7 @@ class Sidecar:
             if outcome is None:
                 # The client went away or something failed: stop the encoder, which frees
                 # (or gives back) every lease it holds; wait for it so none is left behind.
+                self._note_refusal(token, accepted.spec.request_id)
                 job.stop()
                 self.stats.encodes_failed += 1
                 with contextlib.suppress(BaseException):
@@ -313,10 +324,19 @@ class Sidecar:
             self._working[token] -= 1
             if not self._working[token]:
                 del self._working[token]
+                self._refused.pop(token, None)
             if outcome is not None:
                 outcome.close()
             if data_lease is not None:  # the result never went: nobody will read it
                 self.leases.free([data_lease])
+
+    def _note_refusal(self, token: str, request_id: str) -> None:
+        """A request ended right after its client's lease was refused: left for that."""
+        when, why = self._refused.pop(token, (0.0, ""))
+        if time.monotonic() - when < REFUSAL_NOTE_S:
+            while len(self.left_for_room) >= 1024:  # read at once; bounded all the same
+                del self.left_for_room[next(iter(self.left_for_room))]
+            self.left_for_room[request_id] = why
 
     async def _hand_back(
         self, spec: EncodeSpec, outcome: EncodeOutcome, whole: bool

@@ -403,6 +403,9 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
             error = f"unexpected {type(exc).__name__}"
             raise EncodeFailed(f"internal error: {error}") from None
         finally:
+            room = self.sidecar.left_for_room.pop(request_id, None)
+            if outcome == "CANCELLED" and room is not None:
+                outcome, error = "RESOURCE_EXHAUSTED", f"its client's lease wait ran out: {room}"
             report = functools.partial(
                 self._report, request_id, outcome, error, frames, size, received_at
             )

@@ -182,3 +182,29 @@ def test_a_waiter_is_refused_only_once_nothing_in_the_pool_moves(make_daemon) ->
         for lease in held:
             holder.release(lease)
     assert "lease refused (stall): client=waiter" in d.log()
+
+
+def test_a_stream_left_for_a_refused_lease_is_logged_for_that(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    """Not as CANCELLED: the stream ended because its next chunk found no room."""
+    d = make_daemon(slabs=2, slab_size="8MiB", max_lease_wait=1)
+    chunk = moving_pattern(20, H, W)
+    with d.client(client_name="holder") as holder, d.client() as c:
+        with (
+            pytest.raises(Exception, match="nothing in the pool moved"),
+            c.stream(fps=24, request_id="left-for-room") as s,
+        ):
+            s.write(chunk)
+            deadline = time.monotonic() + 10
+            while c.status().pool["active_leases"]:  # its chunk encoded and freed
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            held = [holder.lease(8 * 1024 * 1024) for _ in range(2)]
+            s.write(chunk)
+        for lease in held:
+            holder.release(lease)
+    deadline = time.monotonic() + 5
+    while "request_id=left-for-room status=" not in d.log():
+        assert time.monotonic() < deadline, d.log()[-2000:]
+        time.sleep(0.05)
+    line = next(x for x in d.log().splitlines() if "request_id=left-for-room status=" in x)
+    assert "status=RESOURCE_EXHAUSTED" in line and "lease wait ran out" in line, line

@@ -374,15 +374,22 @@ def test_one_bad_field(stub, field, number, text) -> None:  # type: ignore[no-un
     framed_way=st.booleans(),
     tag=TAGS,
     release_tag=TAGS,
+    more=st.one_of(
+        st.lists(st.one_of(U64, st.integers(0, 17 * 1024 * 1024)), max_size=6),
+        st.integers(1020, 1030).map(lambda n: [4096] * n),  # about the cap of 1024 in all
+    ),
 )
 def test_lease_and_release(  # type: ignore[no-untyped-def]
-    daemon, stub, size, wait, token, release, framed_way, tag, release_tag
+    daemon, stub, size, wait, token, release, framed_way, tag, release_tag, more
 ) -> None:
     """Leases and releases as gRPC calls, or on a kept "VSF2" connection to the framed
-    socket: the same answers either way. Tags: only 1-64 of A-Z a-z 0-9 _ - are taken."""
+    socket: the same answers either way. Tags: only 1-64 of A-Z a-z 0-9 _ - are taken.
+    Further regions (`more_sizes`) come all or none, at most 1024 in all."""
     s, good = stub
     tok = good if token == "good" else ("f" * 32 if token == "bad" else "")
-    lease_request = pb.LeaseRequest(client_token=tok, size=size, wait_ms=min(wait, 200), tag=tag)
+    lease_request = pb.LeaseRequest(
+        client_token=tok, size=size, wait_ms=min(wait, 200), tag=tag, more_sizes=more
+    )
     got = None
     if framed_way:
         reply = framed(daemon).exchange(lease_request)
@@ -402,6 +409,9 @@ def test_lease_and_release(  # type: ignore[no-untyped-def]
     if code == grpc.StatusCode.OK:
         assert got is not None and got.lease_id and 0 < size <= 16 * 1024 * 1024
         assert not tag or TAG_RULE.fullmatch(tag), tag
+        assert len(got.more) == len(more) < 1024
+        assert all(0 < n <= 16 * 1024 * 1024 for n in more)
+        assert sum(r.size for r in got.more) + got.size <= 64 * 1024 * 1024
     if release_tag:  # by the tag alone: OK whether or not it names a lease, if well formed
         by_tag = pb.ReleaseRequest(client_token=tok, tag=release_tag)
         code = release_code(daemon, s, by_tag, framed_way)
@@ -415,7 +425,8 @@ def test_lease_and_release(  # type: ignore[no-untyped-def]
         COUNTS["release:" + code.name] += 1
         assert code in CLIENT_ERRORS
     if got is not None:
-        call(s.Release, pb.ReleaseRequest(client_token=tok, lease_id=got.lease_id))
+        for granted in (got, *got.more):
+            call(s.Release, pb.ReleaseRequest(client_token=tok, lease_id=granted.lease_id))
 
 
 def release_code(daemon, s, request: pb.ReleaseRequest, framed_way: bool) -> grpc.StatusCode:  # type: ignore[no-untyped-def]
@@ -508,6 +519,9 @@ def valid_bytes(token: str, lease_id: str) -> list[bytes]:
         pb.ReleaseRequest(client_token=token, lease_id=lease_id).SerializeToString(),
         pb.LeaseRequest(client_token=token, size=4096, wait_ms=10, tag="t-1").SerializeToString(),
         pb.ReleaseRequest(client_token=token, tag="t-1").SerializeToString(),
+        pb.LeaseRequest(
+            client_token=token, size=4096, wait_ms=10, more_sizes=[8192, 4096], tag="t-3"
+        ).SerializeToString(),
         pb.EncodeRequest(client_token=token, request_id="r-2", video=video).SerializeToString(),
         pb.StreamRequest(header=header).SerializeToString(),
         pb.StreamRequest(chunk=pb.StreamChunk(inline=b"\x01" * 64)).SerializeToString(),
@@ -522,6 +536,9 @@ def valid_bytes(token: str, lease_id: str) -> list[bytes]:
         ).SerializeToString(),
         pb.FramedRequest(
             release=pb.ReleaseRequest(client_token=token, tag="t-2")
+        ).SerializeToString(),
+        pb.FramedRequest(
+            lease=pb.LeaseRequest(client_token=token, size=4096, wait_ms=10, more_sizes=[4096])
         ).SerializeToString(),
         pb.FramedRequest(
             encode=pb.EncodeRequest(client_token=token, request_id="r-3", video=video)
