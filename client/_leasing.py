@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from sidecar.api.v1 import sidecar_pb2 as pb
-from sidecar.vocabulary import Reason
+from sidecar.vocabulary import STALL_TEXT, Reason
 
 from ._errors import (
     DeadlineExceeded,
@@ -61,7 +61,7 @@ def room_within(lease: Steps[T], cut: bool, timeout: float | None) -> Steps[T]:
     try:
         return (yield from lease)
     except ResourceExhausted as err:
-        if not cut or err.reason is not Reason.POOL_EXHAUSTED:
+        if not cut or err.reason is not Reason.POOL_EXHAUSTED or STALL_TEXT in err.message:
             raise
         raise DeadlineExceeded(
             f"the timeout of {timeout:g} s passed while waiting for room in the pool: {err.message}"

@@ -109,6 +109,9 @@ class StreamCore:
             )
         att = yield from self.client.attach()
         for first, count in plan_ranges(source.frames, source.frame_bytes, att):
+            # A call the daemon ended (its header refused) never took the last chunk: a
+            # lease now would wait for the room that chunk still holds.
+            self.raise_if_failed()
             if self.client.inline:
                 yield from self._open(geometry)
                 yield from self._send_inline(source, first, count)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from .errors import PoolExhausted, SidecarError
 from .leases import Lease, LeaseTable
+from .vocabulary import STALL_TEXT
 
 log = logging.getLogger(__name__)
 
@@ -211,8 +212,8 @@ class LeaseQueue:
             },
         )
         held = (
-            "nothing in the pool moved for "
-            f"{self.max_wait:g} s (its memory is held by clients that are not using it)"
+            f"{STALL_TEXT} for {self.max_wait:g} s (its memory is held by clients that "
+            "are not using it)"
             if why == "stall"
             else f"the wait of {waited:.1f} s is over"
         )

@@ -108,10 +108,6 @@ class Server:
     async def startup(self) -> None:
         self._prepare_socket()
         await self.sidecar.start()
-        choice, *warning = describe_pool(self.config)
-        log.info(choice)
-        for line in warning:
-            log.warning(line)
         try:
             server = grpc.aio.server(
                 options=[
@@ -165,6 +161,10 @@ class Server:
             raise
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        choice, *warning = describe_pool(self.config)  # once it serves: a failed start is one line
+        log.info(choice)
+        for line in warning:
+            log.warning(line)
         log.info(
             "serving on %s%s",
             address,

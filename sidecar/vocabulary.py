@@ -19,6 +19,9 @@ ERROR_KEY = "video-sidecar-error"
 ERROR_DOMAIN = "video-sidecar"
 ERROR_DETAILS_KEY = "grpc-status-details-bin"
 
+# Said in a POOL_EXHAUSTED refusal that came because nothing in the pool moved, not
+# because the request's own wait ran out (the client tells its deadline by this).
+STALL_TEXT = "nothing in the pool moved"
 # The largest message either end sends or accepts; frames sent inline are split below it.
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 # The largest reply on the framed socket, which has no gRPC message limit: a one-reply
@@ -112,6 +115,7 @@ __all__ = [
     "PIXEL_FORMAT_BY_PROTO",
     "SAMPLE_FORMATS",
     "SAMPLE_FORMAT_BY_PROTO",
+    "STALL_TEXT",
     "PixelFormat",
     "Reason",
 ]

@@ -181,7 +181,7 @@ def test_the_client_leases_and_releases_on_the_framed_socket(
         result = c.encode(video, crf=0)  # lossless noise: an output in a lease
         assert result.size_bytes > 1024 * 1024
         assert "Lease" not in made and "Release" not in made, made
-        assert made.count("framed:LeaseRequest") >= 3
+        assert made.count("framed:LeaseRequest") == 1  # the three leases in one request
         assert made.count("framed:ReleaseRequest") >= 1
         frames, _ = decode(result.data)
         assert len(frames) == 18
