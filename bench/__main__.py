@@ -4,6 +4,7 @@ python -m bench --device cpu --json out.json              # the end-to-end table
 python -m bench --device cuda --content smooth,noisy --json out.json
 python -m bench --device cuda --concurrency 8 --json out.json  # 8 threads per variant
 python -m bench --device cuda --suite node --json node.json    # a worker process per GPU
+python -m bench --device cuda --suite traffic --json traffic.json  # contention; what fails
 python -m bench --device cuda --suite all --json out.json # everything, on a GPU host
 python -m bench --shapes 448x256x4,1344x768x122 --samples 5 --plot table.png
 """
@@ -16,7 +17,7 @@ import shlex
 import sys
 from typing import Any
 
-from . import node, suites
+from . import node, suites, traffic
 from .common import (
     CONTENTS,
     PATTERNS,
@@ -42,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--suite",
         default="e2e",
-        help="comma list of e2e, transfer, throughput, stream, memory, node, or 'all'",
+        help="comma list of e2e, transfer, throughput, stream, memory, node, traffic, or 'all'",
     )
     p.add_argument(
         "--pattern",
@@ -69,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers",
         type=int,
         default=0,
-        help="node: worker processes (default: one per visible GPU; 2 with --device cpu)",
+        help="node: worker processes (default: one per visible GPU; 2 with --device cpu); "
+        "traffic: worker processes the clients are spread over (default 2)",
     )
     p.add_argument(
         "--max-concurrent-encodes",
@@ -93,17 +95,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--clients",
         type=int,
-        default=8,
-        help="throughput: concurrent clients; node: client threads per worker",
+        default=None,
+        help="throughput: concurrent clients; node: client threads per worker (8 for both); "
+        "traffic: clients in all (default 8 with --device cuda, 4 with cpu)",
     )
-    p.add_argument("--requests", type=int, default=3, help="throughput, node: requests per client")
+    p.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        help="throughput, node: requests per client (default 3); traffic: per client, of "
+        "the mix (default 8: each kind once)",
+    )
     p.add_argument(
         "--idle",
         type=float,
-        default=0.0,
+        default=None,
         metavar="SECONDS",
         help="node: then let the daemon idle this long and record its memory (RssAnon of "
-        "the daemon and its encoder processes, sampled every 5 s)",
+        "the daemon and its encoder processes, sampled every 5 s); traffic: how long the "
+        "clients and daemon idle before the bursts (default 60)",
+    )
+    p.add_argument(
+        "--waves", type=int, default=traffic.WAVES, help="traffic: waves of requests after the idle"
+    )
+    p.add_argument(
+        "--small-pool",
+        default="",
+        metavar="SLABSxSIZE",
+        help="traffic: the small pool (default 4x8MiB with --device cpu, 4x64MiB with cuda)",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=traffic.REQUEST_TIMEOUT_S,
+        metavar="SECONDS",
+        help="traffic: each request's deadline",
     )
     p.add_argument("--throughput-shape", default="1344x768x122", help="throughput, node: WxHxT")
     p.add_argument("--stream-shape", default="1344x768x362")
@@ -124,22 +150,37 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.from_json:
         meta, recorded = read_json(args.from_json)
-        print(markdown(meta, recorded))
+        print(_tables(meta, recorded))
         if args.plot:
             plot(recorded, args.plot, meta)
         return 0
     device = Device(args.device)
-    known = {"e2e", "transfer", "throughput", "stream", "memory", "node"}
+    known = {"e2e", "transfer", "throughput", "stream", "memory", "node", "traffic"}
     wanted = known if args.suite == "all" else set(args.suite.split(","))
     contents = [c for c in args.content.split(",") if c]
     if wanted - known:
         raise SystemExit(f"--suite: unknown {', '.join(sorted(wanted - known))}")
     if not contents or set(contents) - set(CONTENTS):
         raise SystemExit(f"--content: a comma list of {', '.join(CONTENTS)}")
-    if args.concurrency < 1 or args.workers < 0 or args.clients < 1 or args.requests < 1:
-        raise SystemExit("--concurrency, --clients, --requests: 1 or more; --workers: 0 or more")
-    if args.idle < 0 or (args.idle and "node" not in wanted):
-        raise SystemExit("--idle: seconds, 0 or more, with --suite node")
+    given = [v for v in (args.clients, args.requests) if v is not None]
+    if (
+        args.concurrency < 1
+        or args.workers < 0
+        or min(given, default=1) < 1
+        or args.waves < 1
+        or args.request_timeout <= 0
+    ):
+        raise SystemExit(
+            "--concurrency, --clients, --requests, --waves: 1 or more; "
+            "--workers: 0 or more; --request-timeout: seconds"
+        )
+    if (args.idle or 0) < 0 or (args.idle and not wanted & {"node", "traffic"}):
+        raise SystemExit("--idle: seconds, 0 or more, with --suite node or traffic")
+    # What a flag left out means depends on the suite.
+    traffic_clients = args.clients or traffic.default_clients(args.device)
+    traffic_requests = args.requests or len(traffic.kinds_for(args.device))
+    traffic_idle = 60.0 if args.idle is None else args.idle
+    args.clients, args.requests, args.idle = args.clients or 8, args.requests or 3, args.idle or 0.0
     sidecar_options: dict[str, Any] = {}
     daemon_options: dict[str, Any] = {}
     if args.max_concurrent_encodes:
@@ -180,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
             args.idle))  # fmt: skip
     if "memory" in wanted:
         add("memory", suites.memory())
+    if "traffic" in wanted:
+        add("traffic", traffic.traffic(args.device, traffic_clients, args.workers or 2,
+            traffic_requests, contents, traffic_idle, args.waves, args.small_pool,
+            args.request_timeout, daemon_options))  # fmt: skip
     meta = {
         "date": started.isoformat(timespec="seconds"),
         "command": "python -m bench " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
@@ -195,9 +240,17 @@ def main(argv: list[str] | None = None) -> int:
         workers, _ = node.worker_count(args.device, args.workers)
         meta["node"] = {"workers": workers, "clients": args.clients, "requests": args.requests,
                         "shape": args.throughput_shape}  # fmt: skip
+    if "traffic" in wanted:
+        meta["traffic"] = {"clients": traffic_clients, "workers": min(args.workers or 2,
+                           traffic_clients), "requests": traffic_requests,
+                           "kinds": [f"{s} {m}" for s, m in traffic.kinds_for(args.device)],
+                           "chunk_frames": traffic.CHUNK, "burst_clients": traffic.BURST_CLIENTS,
+                           "steady_requests": traffic.STEADY_REQUESTS, "idle_s": traffic_idle,
+                           "waves": args.waves, "request_timeout_s": args.request_timeout,
+                           "log_fields": traffic.LOG_FIELDS}  # fmt: skip
     if daemon_options:
         meta["daemon_options"] = daemon_options
-    text = markdown(meta, rows)
+    text = _tables(meta, rows)
     print("\n" + text)
     if args.json:
         write_json(args.json, meta, rows)
@@ -207,6 +260,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         plot(rows, args.plot, meta)
     return 0
+
+
+def _tables(meta: dict[str, Any], rows: list[Row]) -> str:
+    """The tables: the traffic suite's own, the other suites' as `report.markdown` has them."""
+    text = markdown(meta, [r for r in rows if r.suite != "traffic"])
+    return "\n".join([text, *traffic.markdown(rows)])
 
 
 if __name__ == "__main__":

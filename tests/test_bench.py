@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,3 +69,55 @@ def test_the_node_suite_records_the_daemons_memory_after_its_idle(tmp_path: Path
     assert x["idle"][-1]["idle_s"] >= 1 and x["peak_under_load"]["total_mib"] > 0
     with pytest.raises(SystemExit, match="--idle"):
         main(["--suite", "e2e", "--idle", "5"])
+
+
+def test_the_traffic_suite_counts_failed_requests_and_keeps_going(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each pattern against the sidecar and upstream_a, with counts; a request that fails
+    is counted, with its error, and the run goes on. Here the default pool's daemon refuses
+    frames wider than 600 pixels, so its 672x384 requests fail and the others succeed."""
+    from bench import suites, traffic
+    from bench.__main__ import main
+
+    started = suites.daemon
+
+    def daemon(**options: Any) -> Any:
+        if "slabs" not in options:  # the default pool's daemons (the bursts send 448x256)
+            options["max_width"] = 600
+        return started(**options)
+
+    monkeypatch.setattr(suites, "daemon", daemon)
+    monkeypatch.setattr(traffic, "BURST_CLIENTS", 2)  # plans are made in this process
+    monkeypatch.setattr(traffic, "STEADY_REQUESTS", 1)
+    out = tmp_path / "traffic.json"
+    argv = ["--suite", "traffic", "--clients", "2", "--workers", "2", "--requests", "4",
+            "--idle", "1", "--waves", "2"]  # fmt: skip
+    assert main([*argv, "--json", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    rows = {(r["extra"]["pattern"], r["variant"]): r for r in payload["rows"]}
+    assert set(rows) == {(p, v) for p in traffic.PATTERNS for v in traffic.SIDES}
+    for (pattern, variant), row in rows.items():
+        x = row["extra"]
+        assert row["suite"] == "traffic" and row["content"] == "smooth"
+        sent = 2 * (1 + 2) if pattern == "bursts_after_idle" else 2 * 4
+        assert x["requests"] == sent == len([e for e in x["log"] if e[2] != "warmup"])
+        assert x["requests"] == x["ok"] + x["failed"] + x["skipped"] and x["skipped"] == 0
+        assert sum(k["requests"] for k in x["by_kind"].values()) == x["requests"]
+        assert x["failed"] == len([e for e in x["log"] if e[2] != "warmup" and not e[4]])
+        assert all(k["psnr_db"] is None or k["psnr_db"] > 35 for k in x["by_kind"].values())
+        if variant == "upstream_a" or pattern == "bursts_after_idle":
+            assert x["failed"] == 0 and x["p50_ms"] > 0 and x["p99_ms"] >= x["p50_ms"]
+    # The small pool (4x8MiB) may fail requests while the daemon's hold-and-wait is open.
+    assert rows["mixed_small_pool", "sidecar"]["extra"]["pool"] == "4x8MiB"
+    refused = rows["mixed_default_pool", "sidecar"]["extra"]
+    wide = [k for k in refused["by_kind"] if k.startswith("672x384")]
+    assert refused["failed"] == sum(refused["by_kind"][k]["failed"] for k in wide) == 4
+    assert "OutOfRange" in refused["first_error"] and refused["ok"] == 4
+    assert refused["lease_ms"]["p50"] is not None and refused["p50_vs_upstream_a"] > 0
+    burst = rows["bursts_after_idle", "sidecar"]["extra"]
+    assert burst["idle_s"] == 1 and [w["wave"] for w in burst["waves"]] == [1, 2]
+    assert burst["first_wave_vs_upstream_a"] > 0 and burst["steady_p50_ms"] > 0
+    assert payload["meta"]["traffic"]["log_fields"][:3] == ["worker", "client", "stage"]
+    text = capsys.readouterr().out
+    assert "| smooth | mixed_default_pool |" in text and "| 2 | 8 | 4 | 0 |" in text
