@@ -12,6 +12,7 @@ from typing import Any
 from . import __version__
 from .api.v1 import sidecar_pb2 as pb
 from .audio import AudioFormat
+from .codec_rules import MAX_OPTIONS
 from .encoder import CodecSpec
 from .errors import InvalidRequest
 from .events import Chunk, Progress
@@ -116,6 +117,8 @@ def range_from_proto(r: pb.FrameRange) -> FrameRangeSpec:
 
 
 def codec_from_proto(c: pb.CodecOptions) -> CodecSpec:
+    if len(c.extra) > MAX_OPTIONS:  # counted before anything is built from them
+        raise InvalidRequest("codec.extra", f"at most {MAX_OPTIONS} options")
     return CodecSpec(
         codec=c.codec,
         crf=c.crf if c.HasField("crf") else None,

@@ -76,6 +76,19 @@ def status_of(exc: SidecarError) -> grpc.StatusCode:
     return STATUS_OF[exc.reason]
 
 
+def forget_frames(exc: BaseException) -> None:
+    """Let go of what an answered error holds. Its traceback's frames hold the request
+    (hundreds of MiB decoded, for a message of a few) and the error itself, in a cycle
+    that only a full collection breaks, which an idle daemon almost never runs."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        following = link.__context__ or link.__cause__
+        link.__traceback__ = link.__context__ = link.__cause__ = None
+        link = following
+
+
 def errors_by_code(errors: Mapping[Reason, int]) -> dict[str, int]:
     counts: Counter[str] = Counter()
     for reason, count in errors.items():
@@ -105,13 +118,43 @@ def add_to_server(servicer: VideoSidecarServicer, server: grpc.aio.Server) -> No
             (True, True): grpc.stream_stream_rpc_method_handler,
         }[(method.client_streaming, method.server_streaming)]
         handlers[method.name] = kind(
-            getattr(servicer, method.name),
+            _unretained(getattr(servicer, method.name), method.server_streaming),
             request_deserializer=decoder(message_factory.GetMessageClass(method.input_type)),
             response_serializer=lambda m: m.SerializeToString(),
         )
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(service.full_name, handlers),)
     )
+
+
+def _unretained(handler: Callable[..., Any], streaming: bool) -> Callable[..., Any]:
+    """`handler`, so that no error it ends with keeps its request alive: gRPC keeps an
+    abort's error with the call, whose context the handler's frames hold, and those
+    frames hold the request, a cycle only a full collection would break."""
+    if streaming:
+
+        async def replies(request: Any, context: Any) -> AsyncIterator[Any]:
+            answers = handler(request, context)
+            del request
+            try:
+                async for answer in answers:
+                    yield answer
+            except BaseException as exc:
+                forget_frames(exc)
+                raise
+
+        return replies
+
+    async def reply(request: Any, context: Any) -> Any:
+        answer = handler(request, context)
+        del request
+        try:
+            return await answer
+        except BaseException as exc:
+            forget_frames(exc)
+            raise
+
+    return reply
 
 
 H = TypeVar("H", bound=Callable[..., Awaitable[Any]])
@@ -145,6 +188,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
     async def _fail(self, context: grpc.aio.ServicerContext, exc: SidecarError) -> None:
         code = status_of(exc)
         self.sidecar.record_error(exc)
+        forget_frames(exc)
         await context.abort(code, str(exc), trailing_metadata=error_trailers(exc, code))
 
     # -- unary RPCs ----------------------------------------------------------------------
@@ -238,6 +282,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
                 reply = pb.SessionReply(result=result)
             except SidecarError as exc:  # the request's error, as its reply
                 self.sidecar.record_error(exc)
+                forget_frames(exc)
                 reply = pb.SessionReply(error=session_error(exc))
             yield reply, sent
 
@@ -267,6 +312,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
                     reply = pb.FramedReply(result=result)
             except SidecarError as exc:
                 self.sidecar.record_error(exc)
+                forget_frames(exc)
                 reply = pb.FramedReply(error=session_error(exc))
             yield reply, sent
 

@@ -1,0 +1,73 @@
+"""Refused requests are freed at once, on both transports: nothing a refusal raises (its
+traceback, the request it names) keeps the request in memory until a full collection,
+which an idle daemon almost never runs."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from sidecar.api.v1 import sidecar_pb2 as pb
+from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
+
+from .helpers import Daemon, RawFramed
+
+# About 8 MB on the wire, some hundreds of MB once decoded: four million empty ranges.
+RANGES = 4_000_000
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def huge_encode(token: str) -> pb.EncodeRequest:
+    request = pb.EncodeRequest(client_token=token, request_id="huge")
+    request.video.ranges.add()
+    one = request.video.ranges[0]
+    request.video.ranges.extend([one] * (RANGES - 1))
+    return request
+
+
+def stub_and_token(d: Daemon) -> tuple[Any, str, grpc.Channel]:
+    channel = grpc.insecure_channel(
+        f"unix:{d.socket}",
+        options=[("grpc.max_send_message_length", 16 << 20)],
+    )
+    stub = pb_grpc.VideoSidecarStub(channel)  # type: ignore[no-untyped-call]
+    token = stub.Attach(pb.AttachRequest(client_name="t")).client_token
+    return stub, token, channel
+
+
+def test_refused_full_size_requests_do_not_stay_in_memory(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    d = make_daemon()
+    stub, token, channel = stub_and_token(d)
+    pid = d.process.pid
+    request = huge_encode(token)
+    data = pb.FramedRequest(encode=request).SerializeToString()
+    assert len(data) < 8 * 1024 * 1024
+    time.sleep(0.5)
+    before = rss_mib(pid)
+    try:
+        for _ in range(3):
+            try:
+                stub.EncodeOnce(request, timeout=60)
+                raise AssertionError("refused, surely")
+            except grpc.RpcError as err:
+                assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err
+            framed = RawFramed(d.socket + ".framed", b"VSF2")
+            framed.send(data)
+            reply = framed.reply()
+            framed.close()
+            assert reply.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0], reply
+    finally:
+        channel.close()
+    time.sleep(1.0)
+    after = rss_mib(pid)
+    # Each decoded request is hundreds of MiB: six kept would be gigabytes.
+    assert after < before + 150, (before, after)
