@@ -131,6 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="traffic: each request's deadline",
     )
+    p.add_argument(
+        "--patterns",
+        default="",
+        metavar="LIST",
+        help="traffic: a comma list of its patterns (default all: "
+        + ", ".join(traffic.PATTERNS)
+        + ")",
+    )
     p.add_argument("--throughput-shape", default="1344x768x122", help="throughput, node: WxHxT")
     p.add_argument("--stream-shape", default="1344x768x362")
     p.add_argument("--chunk", type=int, default=24, help="stream: frames per chunk")
@@ -177,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     if (args.idle or 0) < 0 or (args.idle and not wanted & {"node", "traffic"}):
         raise SystemExit("--idle: seconds, 0 or more, with --suite node or traffic")
     # What a flag left out means depends on the suite.
+    unknown = set(filter(None, args.patterns.split(","))) - set(traffic.PATTERNS)
+    if unknown:
+        raise SystemExit(f"--patterns: unknown {', '.join(sorted(unknown))}")
     traffic_clients = args.clients or traffic.default_clients(args.device)
     traffic_requests = args.requests or len(traffic.kinds_for(args.device))
     traffic_idle = 60.0 if args.idle is None else args.idle
@@ -224,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     if "traffic" in wanted:
         add("traffic", traffic.traffic(args.device, traffic_clients, args.workers or 2,
             traffic_requests, contents, traffic_idle, args.waves, args.small_pool,
-            args.request_timeout, daemon_options))  # fmt: skip
+            args.request_timeout, daemon_options,
+            only=tuple(filter(None, args.patterns.split(",")))))  # fmt: skip
     meta = {
         "date": started.isoformat(timespec="seconds"),
         "command": "python -m bench " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),

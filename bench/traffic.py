@@ -14,11 +14,18 @@ upstream_a (`variants.UpstreamA`, in the same threads and processes), side by si
    each request, so every kind is sent by several clients at once. The daemon's own pool.
 2. `mixed_small_pool`: the same on a small pool (`--small-pool`; 4x8MiB on cpu, 4x64MiB on
    cuda), where requests wait for leases.
-3. `bursts_after_idle`: `BURST_CLIENTS` clients of 448x256x4 encodes: a steady phase (each
+3. `steady_long_default_pool` and `steady_long_large_pool`: every client sends the
+   reference video (1344x768x122 on cuda, 448x256x48 on cpu) whole, back to back, on the
+   daemon's own pool and on one with room for all of them at once (`LARGE_POOL`): what
+   waiting for memory costs when every request wants the same.
+4. `bursts_after_idle`: `BURST_CLIENTS` clients of 448x256x4 encodes: a steady phase (each
    client back to back), then every client and the daemon idle `idle_s` seconds, then
    `waves` waves back to back (every client sends one request at once; the next wave when
    all have answered). The first wave's median and each later one's against the steady
    median, and against upstream_a's first wave.
+5. `first_after_start`: one client on a daemon just started (health answering): its first
+   request of each of `FIRST_SHAPES`, then `STEADY_REQUESTS` more of each; the first
+   against the steady median.
 
 On cuda the inputs are CUDA tensors: uint8 for the small clips, bf16 in [-1, 1] with
 `value_range=(-1, 1)` for the long videos, as a diffusion VAE gives them (upstream_a
@@ -70,7 +77,18 @@ LAUNCH_S = 180.0  # spawning a phase's workers and making their frames, at most
 PSNR_FRAMES = 24  # frames compared per sampled output, evenly spaced
 FPS = encode_settings()["fps"]
 SIDES = ("sidecar", "upstream_a")
-PATTERNS = ("mixed_default_pool", "mixed_small_pool", "bursts_after_idle")
+PATTERNS = (
+    "mixed_default_pool",
+    "mixed_small_pool",
+    "steady_long_default_pool",
+    "steady_long_large_pool",
+    "bursts_after_idle",
+    "first_after_start",
+)
+# The steady patterns: the reference video, whole, back to back from every client.
+STEADY_SHAPE = {"cuda": "1344x768x122", "cpu": "448x256x48"}
+LARGE_POOL = {"cuda": "64x64MiB", "cpu": "32x8MiB"}  # room for every client's video at once
+FIRST_SHAPES = {"cuda": ("448x256x4", "1344x768x122"), "cpu": ("448x256x4", "448x256x48")}
 
 
 def default_clients(device_kind: str) -> int:
@@ -130,6 +148,21 @@ def mixed_plan(client: int, kinds: list[tuple[str, str]], requests: int) -> tupl
     warm = Step("send", "warmup", SMALL_SHAPES[0], "encode")
     load = [kinds[(client + i) % len(kinds)] for i in range(requests)]
     return (warm, Step("sync"), *(Step("send", "load", s, m) for s, m in load))
+
+
+def steady_plan(shape: str, requests: int) -> tuple[Step, ...]:
+    """A warm-up, then `requests` whole videos of `shape` back to back."""
+    warm = Step("send", "warmup", shape, "encode")
+    return (warm, Step("sync"), *(Step("send", "load", shape, "encode"),) * requests)
+
+
+def first_plan(shapes: tuple[str, ...], steady: int) -> tuple[Step, ...]:
+    """Each shape's first request on a fresh daemon, then `steady` more of it."""
+    steps: list[Step] = []
+    for shape in shapes:
+        steps += [Step("send", "first", shape, "encode")]
+        steps += [Step("send", "steady", shape, "encode")] * steady
+    return tuple(steps)
 
 
 def burst_plan(steady: int, idle_s: float, waves: int) -> tuple[Step, ...]:
@@ -530,7 +563,7 @@ def _row(
     warmups = [r for r in records if r["stage"] == "warmup"]
     stats = _stats(measured)
     # The row's median: of the load; for the bursts, of the first wave after the idle.
-    head = "wave1" if pattern == "bursts_after_idle" else "load"
+    head = {"bursts_after_idle": "wave1", "first_after_start": "first"}.get(pattern, "load")
     times = [r["ms"] for r in measured if r["stage"] == head and r["ok"]]
     median = statistics.median(times) if times else math.nan
     row = Row(
@@ -576,6 +609,16 @@ def _row(
         row.extra["first_wave_vs_later_waves"] = _ratio(
             first.get("p50_ms"), statistics.median(later) if later else None
         )
+    if pattern == "first_after_start":
+        row.extra["first_vs_steady"] = {}
+        for kind, records_of_kind in by_kind.items():
+            first = _stats([r for r in records_of_kind if r["stage"] == "first"])
+            steady = _stats([r for r in records_of_kind if r["stage"] == "steady"])
+            row.extra["first_vs_steady"][kind] = {
+                "first_ms": first["p50_ms"],
+                "steady_p50_ms": steady["p50_ms"],
+                "ratio": _ratio(first["p50_ms"], steady["p50_ms"]),
+            }
     row.extra["by_kind"] = {
         kind: {k: v for k, v in _stats(rs).items() if k not in ("errors", "failed_after_ms_p50")}
         | {"psnr_db": out.psnr.get(kind)}
@@ -635,8 +678,10 @@ def traffic(
     timeout_s: float = REQUEST_TIMEOUT_S,
     daemon_options: dict[str, Any] | None = None,
     budget_s: float = PHASE_BUDGET_S,
+    only: tuple[str, ...] = (),
 ) -> list[Row]:
-    """The three patterns, per content, each through the sidecar then upstream_a."""
+    """The patterns (`only` these, if given), per content, each through the sidecar then
+    upstream_a."""
     gpus = 0
     if device_kind == "cuda":
         Device("cuda")  # exits with a message when no GPU is visible
@@ -648,11 +693,19 @@ def traffic(
     ctx = multiprocessing.get_context("spawn")
     mixed = [mixed_plan(c, kinds, requests) for c in range(clients)]
     bursts = [burst_plan(STEADY_REQUESTS, idle_s, waves) for _ in range(BURST_CLIENTS)]
+    long = STEADY_SHAPE[device_kind]
+    steady = [steady_plan(long, requests) for _ in range(clients)]
+    first = [first_plan(FIRST_SHAPES[device_kind], STEADY_REQUESTS)]
     patterns: list[tuple[str, dict[str, Any], str, list[tuple[Step, ...]]]] = [
         ("mixed_default_pool", {}, "mixed", mixed),
         ("mixed_small_pool", small, "mixed", mixed),
+        ("steady_long_default_pool", {}, long, steady),
+        ("steady_long_large_pool", parse_pool(LARGE_POOL[device_kind]), long, steady),
         ("bursts_after_idle", {}, BURST_SHAPE, bursts),
+        ("first_after_start", {}, "first", first),
     ]
+    if only:
+        patterns = [p for p in patterns if p[0] in only]
     rows: list[Row] = []
     for content in contents:
         for pattern, pool, shape, plans in patterns:
@@ -746,5 +799,26 @@ def markdown(rows: list[Row]) -> list[str]:
                 + f" | {_n(x.get('first_wave_vs_later_waves'), 2)}"
                 + f" | {_n(x.get('first_wave_vs_upstream_a'), 2)} |"
             )
+    firsts = [r for r in rows if r.extra["pattern"] == "first_after_start"]
+    if firsts:
+        lines += ["", "| content | variant | kind | first ms | steady p50 ms | first x steady |",
+                  "| --- | --- | --- | ---: | ---: | ---: |"]  # fmt: skip
+        for r in firsts:
+            for kind, f in r.extra.get("first_vs_steady", {}).items():
+                lines.append(
+                    f"| {r.content} | {r.variant} | {kind} | {_n(f['first_ms'])} | "
+                    f"{_n(f['steady_p50_ms'])} | {_n(f['ratio'], 2)} |"
+                )
+    steadies = {r.extra["pattern"]: r for r in rows if r.variant == "sidecar"}
+    default, large = (steadies.get(f"steady_long_{p}_pool") for p in ("default", "large"))
+    if default is not None and large is not None:
+        d, big = default.extra, large.extra
+        vs_large = _n(_ratio(d["p50_ms"], big["p50_ms"]), 2)
+        spread = _n(_ratio(d["p99_ms"], d["p50_ms"]), 2)
+        lines += [
+            "",
+            "Steady contention, the reference video from every client: the default "
+            f"pool's p50 is {vs_large}x the large pool's; its p99 is {spread}x its p50.",
+        ]
     lines.append("")
     return lines

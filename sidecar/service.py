@@ -50,7 +50,7 @@ from .scheduler import Scheduler
 from .shm import SlabSet
 from .status import Attachment, Stats, StatusReport
 from .vocabulary import MAX_MESSAGE_BYTES
-from .warm import WarmPool
+from .warm import WarmPool, first_encode
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +108,7 @@ class Sidecar:
         self.scheduler.start()
         self.warm.start()
         self.processes.start([str(slab.path) for slab in self.slabset.slabs])
+        await asyncio.to_thread(first_encode)  # while the processes start: none in a request
         self._reaper = asyncio.create_task(self._reap_expired(), name="lease-reaper")
         self._accepting = True
 

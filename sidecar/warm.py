@@ -26,12 +26,20 @@ from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
 from .config_values import cpu_count
-from .encoder import FrameConverter, ResolvedCodec, VideoEncoder, converts, threading_for
-from .frames import Geometry
+from .encoder import (
+    CodecSpec,
+    FrameConverter,
+    ResolvedCodec,
+    VideoEncoder,
+    converts,
+    threading_for,
+)
+from .frames import PIXEL_FORMATS, Geometry
 
 # Only short clips are worth it: for long ones the open cost is lost in the encode.
 MAX_WARM_BYTES = 64 * 1024 * 1024
@@ -296,3 +304,19 @@ class WarmPool:
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
         self.close_ready()
+
+
+def first_encode() -> None:
+    """Encode a few small frames in memory, once at startup, in each default pixel
+    format: a process's first encode pays for paging in x264, the colour converter and
+    the muxer (on two cores, 40 ms of a 448x256x4 clip's 60), which no request should."""
+    codec = CodecSpec().resolve()
+    for pixel_format in ("rgb24", "yuv420p"):
+        geometry = Geometry(64, 64, PIXEL_FORMATS[pixel_format], Fraction(24))
+        warm = open_in_memory(geometry, codec, 1, "FRAME")
+        try:
+            frames = np.zeros((4, *geometry.layout.frame_shape(64, 64)), dtype=np.uint8)
+            warm.encoder.encode_all(frames)
+            warm.encoder.close()
+        finally:
+            os.close(warm.memfd)
