@@ -248,6 +248,9 @@ class _Sender:
             from client import SidecarClient
 
             self.client = SidecarClient(phase.socket, client_name=f"bench-traffic-{client}")
+            # As a GPU worker does once at startup: attach, register the slabs, compile the
+            # conversion kernel; no request pays for them.
+            self.client.warm_up("cuda" if device.torch is not None else None)
         else:
             from .variants import UpstreamA
 
