@@ -124,6 +124,16 @@ def status(args: argparse.Namespace) -> int:
     )
     if c.get("errors"):
         print("errors   " + ", ".join(f"{k}={v}" for k, v in sorted(c["errors"].items())))
+    refused = ", ".join(f"{k}={v}" for k, v in sorted(c.get("lease_refusals", {}).items()))
+    print(
+        f"leases   {c.get('lease_waits', 0)} waited for room, "
+        f"{c.get('lease_wait_s', 0.0):.1f}s in all" + (f"; refused {refused}" if refused else "")
+    )
+    for i, w in enumerate(report.lease_waiters, 1):
+        print(
+            f"waiting  {i}. {w['client']}: {format_size(w['bytes'])} in {w['regions']} "
+            f"region(s), {w['waited_s']:.1f}s"
+        )
     return 0
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from client import SidecarClient
+from client import ResourceExhausted, SidecarClient
 from client.patterns import moving_pattern
 
 from .helpers import Daemon
@@ -208,3 +208,35 @@ def test_a_stream_left_for_a_refused_lease_is_logged_for_that(make_daemon) -> No
         time.sleep(0.05)
     line = next(x for x in d.log().splitlines() if "request_id=left-for-room status=" in x)
     assert "status=RESOURCE_EXHAUSTED" in line and "lease wait ran out" in line, line
+
+
+def test_status_shows_the_waiters_in_order(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    """While the pool is held, waiters show in status (the API and the command line)."""
+    from .test_cli import run
+
+    d = make_daemon(slabs=2, slab_size="8MiB", max_lease_wait=3)
+    with d.client(client_name="holder") as holder:
+        held = [holder.lease(8 * 1024 * 1024) for _ in range(2)]
+        refused: list[BaseException] = []
+
+        def wait_for_room() -> None:
+            with d.client(client_name="first") as first:
+                try:
+                    first.lease(4096)
+                except ResourceExhausted as exc:  # nothing moves: refused after 3 s
+                    refused.append(exc)
+
+        waiting = threading.Thread(target=wait_for_room)
+        waiting.start()
+        with d.client() as c:
+            deadline = time.monotonic() + 5
+            while not (waiters := c.status().lease_waiters):
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            assert waiters[0]["client"] == "first" and waiters[0]["bytes"] == 4096
+            human = run(["status", "--socket", d.socket])
+            assert "waiting  1. first: 4KiB in 1 region(s)" in human.stdout, human.stdout
+        waiting.join(10)
+        assert len(refused) == 1
+        for lease in held:
+            holder.release(lease)
