@@ -3,10 +3,14 @@
 Measures the daemon's memory while it runs (VmRSS and RssAnon from /proc/PID/status every
 few seconds: warm start, end, max, and RssAnon again after `--idle` seconds of rest, alone
 and with its encoder processes) and
-tallies the answers by status code. Checks: (a) no UNKNOWN/INTERNAL/DATA_LOSS answer,
-(b) no file created outside the output root, (c) every refused lease is still releasable
-and none is left held, (d) no shared-memory segment left once the daemon stops. Exits 1
-when a check fails.
+tallies the answers by status code. Both transports are fuzzed: gRPC, and the framed
+socket (its own framing broken, full-size requests refused, messages half sent and left).
+An innocent client beside them asks for Status and a framed Release every 50 ms and keeps
+its waits. Checks: (a) no UNKNOWN/INTERNAL/DATA_LOSS answer, (b) no file created outside
+the output root, (c) every refused lease is still releasable and none is left held, (d)
+no shared-memory segment left once the daemon stops, (e) with `--idle`, the daemon's
+RssAnon once idle at most `--rss-bound` MiB over its warm start, (f) no innocent request
+waited more than `--innocent-bound` seconds. Exits 1 when a check fails.
 
     python -m bench.soak_fuzz --minutes 10 --seed 1 --idle 60 --out soak.json
 """
@@ -65,6 +69,25 @@ EXTRA = [  # (codec, options, values): real x264/x265 options; {s} is outside th
     ("h265", "x265-params", "csv=x265.csv:csv-log-level=2 analysis-save={s}/a.dat"),
     ("h265", "tune,profile", "psnr,main grain,main10"),
 ]
+FULL_RANGES = 4_000_000  # empty ranges: about 8 MB on the wire
+FULL_OPTIONS = 500_000  # encoder options: about 7 MB
+HALF_SENT_KEPT = 16  # half-sent framed connections a fuzzer keeps open at once
+INNOCENT_EVERY_S = 0.05
+
+
+def full_size_requests(token: str) -> dict[str, tuple[bytes, bytes]]:
+    """The full-size requests as EncodeRequest bytes, and as FramedRequest bytes."""
+    ranges = pb.EncodeRequest(client_token=token, request_id="full-ranges")
+    ranges.video.ranges.add()
+    ranges.video.ranges.extend([ranges.video.ranges[0]] * (FULL_RANGES - 1))
+    options = pb.EncodeRequest(client_token=token, request_id="full-options")
+    options.codec.extra.update({f"k{i}": "v" for i in range(FULL_OPTIONS)})
+    return {
+        kind: (request.SerializeToString(), pb.FramedRequest(encode=request).SerializeToString())
+        for kind, request in (("full-ranges", ranges), ("full-options", options))
+    }
+
+
 # As tests/helpers.py starts one; --daemon-opt KEY=VALUE adds or overrides.
 DAEMON = {"slabs": 4, "slab_size": "16MiB", "lease_ttl": 30, "max_lease_wait": 5}
 DAEMON |= {"shutdown_grace": 10, "log_level": "info"}
@@ -201,6 +224,8 @@ class Fuzzer:
         self.held: set[str] = set()
         self.session, self.raw_session = Session(self.channel), Session(self.channel, raw=True)
         self.framed = Framed(f"{socket}.framed")
+        self.left_open: list[socket.socket] = []  # framed connections with a half-sent message
+        self.full = full_size_requests(self.token)  # made once: building one holds the GIL
         self.raw_framed = Framed(f"{socket}.framed", raw=True)
 
     def close(self) -> None:
@@ -210,6 +235,8 @@ class Fuzzer:
         self.raw_session.close()
         self.framed.close()
         self.raw_framed.close()
+        for sock in self.left_open:
+            sock.close()
         self.channel.close()
         for m in self.maps.values():
             m.close()
@@ -431,6 +458,48 @@ class Fuzzer:
         if bad:
             self.problems.append(f"{kind}: the daemon answered a broken frame wrongly")
 
+    def full_size(self) -> None:
+        """A request of nearly the largest message, refused: millions of empty frame
+        ranges, or half a million encoder options, on either transport. Each decodes to
+        hundreds of MiB, which must go as soon as it is refused. Made once, up front: a
+        client building one holds its own GIL for most of a second."""
+        r = self.r
+        kind, (grpc_bytes, framed_bytes) = r.choice(list(self.full.items()))
+        if r.random() < 0.5:
+            self.call(kind + "-grpc", self.channel.unary_unary(SERVICE + "EncodeOnce"), grpc_bytes)
+            return
+        connection = Framed(self.framed.path)
+        try:
+            reply = connection.ask(b"VSF2", struct.pack(">I", len(framed_bytes)) + framed_bytes, 30)
+        finally:
+            connection.close()
+        code = (
+            "HUNG_UP" if reply is None else CODE_OF.get(reply.error.code, grpc.StatusCode.OK).name
+        )
+        self.codes[f"{kind}-framed:{code}"] += 1
+        if code != "INVALID_ARGUMENT":
+            self.offending[f"{kind}-framed -> {code}"] += 1
+
+    def half_sent(self) -> None:
+        """A framed message begun and not finished, the connection left open: the daemon
+        must give up on it (and its buffer) by itself."""
+        r = self.r
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(5)
+            sock.connect(self.framed.path)
+            sock.sendall(
+                b"VSF2" + struct.pack(">I", 8 * 1024 * 1024) + bytes(r.choice([1, 1 << 20]))
+            )
+        except OSError:
+            sock.close()
+            self.codes["half-sent:REFUSED"] += 1
+            return
+        self.left_open.append(sock)
+        while len(self.left_open) > HALF_SENT_KEPT:  # the oldest go: the daemon may have ended them
+            self.left_open.pop(0).close()
+        self.codes["half-sent:LEFT"] += 1
+
     def huge(self) -> None:
         r, pick = self.r, self.r.random()
         if pick < 0.5:
@@ -458,7 +527,7 @@ class Fuzzer:
     def run_one(self) -> None:
         kinds = {self.descriptor: 28, self.encode: 16, lambda: self.encode(extra=True): 8,
                  self.stream: 12, self.hostile_stream: 8, self.raw: 12, self.huge: 4,
-                 self.hostile_framed: 3,
+                 self.hostile_framed: 3, self.full_size: 1, self.half_sent: 1,
                  self.release_unknown: 6, self.attach: 4,
                  lambda: self.call("status", self.stub.Status, pb.StatusRequest()): 2}  # fmt: skip
         try:
@@ -506,6 +575,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--idle", type=float, default=0.0, metavar="SECONDS", help="rest, then sample")
     p.add_argument("--out", default="", help="write the summary and the samples as JSON")
     p.add_argument("--daemon-opt", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument(
+        "--rss-bound",
+        type=float,
+        default=30.0,
+        metavar="MIB",
+        help="(e): RssAnon once idle, at most this over the warm start",
+    )
+    p.add_argument(
+        "--innocent-bound",
+        type=float,
+        default=0.3,
+        metavar="SECONDS",
+        help="(f): the longest an innocent request may wait",
+    )
     args = p.parse_args(argv)
     args.requests = args.requests or (0 if args.minutes else 5000)
     root = Path(tempfile.mkdtemp(prefix="vsd-soak-"))
@@ -548,13 +631,35 @@ def soak(args: argparse.Namespace, daemon: DaemonProcess, root: Path, prefix: st
             with lock:
                 done[0] += 1
 
+    waits: list[float] = []
+
+    def innocent() -> None:
+        """A client with nothing to do with the hostile ones: its waits are theirs."""
+        with grpc.insecure_channel(f"unix:{daemon.socket}") as channel:
+            stub, framed = pb_grpc.VideoSidecarStub(channel), Framed(f"{daemon.socket}.framed")
+            token = stub.Attach(pb.AttachRequest(client_name="innocent")).client_token
+            release = pb.FramedRequest(release=pb.ReleaseRequest(client_token=token, tag="t"))
+            data = release.SerializeToString()
+            framed.ask(b"VSF2", struct.pack(">I", len(data)) + data, 30)  # connected
+            while not finished.wait(INNOCENT_EVERY_S) and daemon.running():
+                t = time.monotonic()
+                stub.Status(pb.StatusRequest(), timeout=30)
+                waits.append(time.monotonic() - t)
+                t = time.monotonic()
+                framed.ask(b"VSF2", struct.pack(">I", len(data)) + data, 30)
+                waits.append(time.monotonic() - t)
+            framed.close()
+
     seeds = [args.seed * 1000 + n for n in range(args.workers)]
     fuzzers = [Fuzzer(daemon.socket, root / "cwd", seed) for seed in seeds]
     threads = [threading.Thread(target=work, args=(f,)) for f in fuzzers]
-    for th in [*threads, threading.Thread(target=sample, daemon=True)]:
+    bystander = threading.Thread(target=innocent, daemon=True)
+    for th in [*threads, threading.Thread(target=sample, daemon=True), bystander]:
         th.start()
     for th in threads:
         th.join()
+    finished.set()
+    bystander.join(30)
     seconds, end = time.monotonic() - t0, memory(daemon.pid, t0, done[0])
     for f in fuzzers:
         f.close()
@@ -563,7 +668,6 @@ def soak(args: argparse.Namespace, daemon: DaemonProcess, root: Path, prefix: st
     time.sleep(args.idle)
     idle = memory(daemon.pid, t0, done[0])
     idle_tree = tree_rss_anon(daemon.pid)  # RssAnon MiB of the daemon and its processes
-    finished.set()
     exit_code = daemon.stop()
     created = sorted(files_under(root, out) - before)
     segments = sorted(p.name for p in Path("/dev/shm").glob(f"{prefix}.*"))
@@ -581,6 +685,12 @@ def soak(args: argparse.Namespace, daemon: DaemonProcess, root: Path, prefix: st
         "c_refused_leases_releasable": not any(p.startswith("(c)") for p in problems),
         "d_no_segments_left": not segments,
     }
+    warm = figures("RssAnon", samples, (warm_t or [0.0])[0], end)["warm_median"]
+    idle_growth = round(idle["RssAnon"] / 1024 - warm, 1)
+    if args.idle:
+        checks["e_idle_rss_bounded"] = idle_growth <= args.rss_bound
+    waited = sorted(waits)
+    checks["f_innocent_not_held_up"] = bool(waited) and waited[-1] <= args.innocent_bound
     summary = {
         "command": " ".join(sys.argv), "seed": args.seed, "workers": args.workers,
         "seconds": round(seconds, 1), "requests": done[0], "daemon_exit": exit_code,
@@ -589,7 +699,11 @@ def soak(args: argparse.Namespace, daemon: DaemonProcess, root: Path, prefix: st
         "files_created": created[:20], "segments_left": segments, "warm_at_s": warm_t[:1],
         **{key: figures(key, samples, (warm_t or [0.0])[0], end) for key in ("VmRSS", "RssAnon")},
         "idle": {"seconds": args.idle, "RssAnon": round(idle["RssAnon"] / 1024, 1),
-                 "with_processes": idle_tree}, "end": end,
+                 "growth_over_warm": idle_growth, "with_processes": idle_tree}, "end": end,
+        "innocent": {"requests": len(waited),
+                     "p50_s": round(waited[len(waited) // 2], 4) if waited else None,
+                     "p99_s": round(waited[int(len(waited) * 0.99)], 4) if waited else None,
+                     "max_s": round(waited[-1], 4) if waited else None},
     }  # fmt: skip
     print(json.dumps(summary, indent=2))
     if args.out:
