@@ -24,6 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from . import pool_sizing
+from .codec_options import (
+    DEFAULT_MAX_LOOKAHEAD,
+    DEFAULT_MAX_PRESET,
+    parse_max_lookahead,
+    parse_max_preset,
+)
 from .config_values import (
     AUTO,
     ENV_PREFIX,
@@ -59,6 +65,20 @@ def _opt(
     default when the value itself would mislead (it depends on the machine; a callable
     is asked when the help is made)."""
     return {"help": help, "parse": parse, "metavar": metavar, "shown": shown}
+
+
+def _at_least_one(text: str) -> int:
+    value = parse_int(text)
+    if value < 1:
+        raise ValueError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    value = parse_float(text)
+    if value <= 0:
+        raise ValueError(f"must be a positive number of seconds, got {value:g}")
+    return value
 
 
 def _pool_here() -> tuple[int, int, str]:
@@ -107,6 +127,34 @@ class Config:
             "HTTP/2, for this host's clients",
             parse_bool,
             "BOOL",
+        ),
+    )
+    framed_connections: int = field(
+        default=1024,
+        metadata=_opt(
+            "connections the framed socket keeps open at once; more are refused "
+            "(RESOURCE_EXHAUSTED)",
+            _at_least_one,
+            "N",
+        ),
+    )
+    framed_connections_per_uid: int = field(
+        default=256,
+        metadata=_opt(
+            "framed-socket connections one user (the peer's uid) keeps open at once; more "
+            "are refused (RESOURCE_EXHAUSTED)",
+            _at_least_one,
+            "N",
+        ),
+    )
+    framed_message_timeout: float = field(
+        default=10.0,
+        metadata=_opt(
+            "seconds a framed connection gets for its preamble, for a request once its "
+            "first byte came, and to read on in a reply; then it is closed (the time "
+            "between requests has no limit)",
+            _positive_seconds,
+            "SECONDS",
         ),
     )
     output_dir: str = field(
@@ -209,6 +257,25 @@ class Config:
     max_request_bytes: int = field(
         default=64 * 1024**3,
         metadata=_opt("raw bytes per request", parse_size, "SIZE"),
+    )
+    max_preset: str = field(
+        default=DEFAULT_MAX_PRESET,
+        metadata=_opt(
+            "the slowest encoder preset a request may ask for, an x264/x265 name "
+            "(ultrafast ... placebo; SVT-AV1 and VP9 presets of like cost are held to it); "
+            "slower ones are refused",
+            parse_max_preset,
+            "PRESET",
+        ),
+    )
+    max_lookahead: int = field(
+        default=DEFAULT_MAX_LOOKAHEAD,
+        metadata=_opt(
+            "the most frames a request may ask its encoder to look ahead (rc-lookahead, "
+            "lookahead, lag-in-frames), 0 to 250; more is refused",
+            parse_max_lookahead,
+            "FRAMES",
+        ),
     )
     metrics: str = field(
         default="",
