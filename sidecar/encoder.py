@@ -26,7 +26,7 @@ import numpy as np
 from av.video.reformatter import ColorRange, Colorspace, VideoReformatter
 
 from .audio import AudioFormat, AudioTrack
-from .codec_options import merge_options
+from .codec_options import PRESET_LADDER, CostCeiling, merge_options
 from .codec_rules import join_params, split_params
 from .errors import InvalidRequest
 from .frames import Geometry
@@ -37,10 +37,7 @@ BT709 = 1
 LIMITED_RANGE = 1
 
 
-X26X_PRESETS = (
-    "ultrafast", "superfast", "veryfast", "faster", "fast",
-    "medium", "slow", "slower", "veryslow", "placebo",
-)  # fmt: skip
+X26X_PRESETS = PRESET_LADDER
 SVT_AV1_PRESETS = tuple(str(n) for n in range(-1, 14))
 VP9_DEADLINES = ("realtime", "good", "best")
 
@@ -115,7 +112,8 @@ class CodecSpec:
     threads: int = 0
     extra: tuple[tuple[str, str], ...] = ()
 
-    def resolve(self, container: str = "mp4") -> ResolvedCodec:
+    def resolve(self, container: str = "mp4", ceiling: CostCeiling | None = None) -> ResolvedCodec:
+        """The settings, checked; and, with a `ceiling` (the daemon's), within it."""
         key = self.codec.strip().lower() or DEFAULT_CODEC[container]
         choice = CODECS.get(ALIASES.get(key, key))
         if choice is None:
@@ -149,6 +147,8 @@ class CodecSpec:
             "crf": str(crf),
             **merge_options(choice.encoder, choice.quiet, self.extra),
         }
+        if ceiling is not None:
+            ceiling.check(choice.encoder, preset, options)
         return ResolvedCodec(choice, options, self.gop, self.threads)
 
 
@@ -401,6 +401,31 @@ class EncodeTimings:
     finalize: float = 0.0
 
 
+def drain(
+    ctx: av.VideoCodecContext, check: Callable[[], None] | None = None
+) -> Generator[av.Packet[Any]]:
+    """The packets an encoder still holds at the end, one at a time. PyAV's `encode(None)`
+    hands them all over from one call, which nothing can interrupt: x264 at placebo with
+    rc-lookahead=250 spent 25-63 s in it after its client had left. `encode_lazy(None)`
+    receives one packet per step, so `check` runs before the first and after each (it
+    may raise to stop; the caller then discards the output). A stop is then as late as
+    one packet's wait: on the 2-core machine, for frames of noise at placebo with
+    rc-lookahead=250, 0.3 s at 256x144, 1.6 s at 320x240 and 3.1 s at 640x480 (the first
+    packet: the lookahead decides every frame it holds); see `CostCeiling`."""
+    if check is not None:
+        check()
+    packets = ctx.encode_lazy(None)
+    try:
+        for packet in packets:
+            yield packet
+            if check is not None:
+                check()
+    finally:
+        close = getattr(packets, "close", None)  # a generator: let go of the context now
+        if close is not None:
+            close()
+
+
 class VideoEncoder:
     """One output container (MP4, fragmented MP4 or WebM): a video stream fed borrowed
     frames, and optionally an audio track that follows it.
@@ -564,20 +589,34 @@ class VideoEncoder:
             raise InvalidRequest("audio_data", "audio samples sent but no audio track declared")
         self.audio.pcm = pcm
 
-    def close(self) -> None:
-        """Drain the encoders and finish the container (MP4: the index goes up front)."""
-        t0 = time.perf_counter()
-        packets = [] if self.headers_later else self._stream.encode(None)
+    def close(self, check: Callable[[], None] | None = None) -> None:
+        """Drain the encoders and finish the container (MP4: the index goes up front).
+        `check` runs before the drain and between its packets, and may raise to stop: the
+        caller then `abort()`s (see `drain`)."""
+        if not self.headers_later:
+            self._drain(check)
         t1 = time.perf_counter()
-        self._container.mux(packets)
         if self.audio is not None:
             self._container.mux(self.audio.finish(self.duration))
         t2 = time.perf_counter()
         self._container.close()
         t3 = time.perf_counter()
-        self.timings.encode += t1 - t0
         self.timings.mux += t2 - t1
         self.timings.finalize += t3 - t2
+
+    def _drain(self, check: Callable[[], None] | None) -> None:
+        """The video encoder's delayed packets, muxed one by one as they come."""
+        encode = mux = 0.0
+        t0 = time.perf_counter()
+        for packet in drain(self._stream.codec_context, check):
+            t1 = time.perf_counter()
+            encode += t1 - t0
+            packet.stream = self._stream
+            self._container.mux(packet)
+            t0 = time.perf_counter()
+            mux += t0 - t1
+        self.timings.encode += encode + (time.perf_counter() - t0)
+        self.timings.mux += mux
 
     def abort(self) -> None:
         """Stop without finishing; the caller discards the output."""

@@ -170,7 +170,7 @@ class EncodeJob:
                 encoder.set_audio(self._audio)
             encoder.reserve_index(plan.frames_total)  # 0, for a stream: nothing reserved
             self._consume(encoder)
-            encoder.close()
+            encoder.close(self._check_stop)  # stops between the drain's packets too
             if self.stopped:  # gone while the encoder drained: keep nothing
                 raise self.cancelled()
             t0 = time.perf_counter()

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .audio import AudioFormat
+from .codec_options import CostCeiling
 from .encoder import CONTAINERS
 from .errors import InvalidRequest
 from .feed import FrameFeed
@@ -40,8 +41,14 @@ class Accepted:
 
 class Planner:
     def __init__(
-        self, leases: LeaseTable, slabset: SlabSet, limits: Limits, output_root: Path
+        self,
+        leases: LeaseTable,
+        slabset: SlabSet,
+        limits: Limits,
+        output_root: Path,
+        ceiling: CostCeiling | None = None,
     ) -> None:
+        self.ceiling = ceiling or CostCeiling()  # the operator's limit on encoder cost
         self.leases = leases
         self.slabset = slabset
         self.limits = limits
@@ -57,7 +64,7 @@ class Planner:
         out = spec.output
         if out.container not in CONTAINERS:
             raise InvalidRequest("output.container", f"unknown container {out.container!r}")
-        codec = spec.codec.resolve(out.container)
+        codec = spec.codec.resolve(out.container, self.ceiling)
         codec.check_size(geometry.width, geometry.height)
         audio = spec.audio.format.check() if spec.audio.format is not None else None
         if spec.audio.data and audio is None:

@@ -231,7 +231,7 @@ class Worker:
                 gated: Frames = images if landing is None else landing.gate(images, first, watch)
                 first += region.frame_count
                 encoder.encode_all(gated, watch)
-            encoder.close()
+            encoder.close(watch)  # a Stop ends the drain between its packets too
             size = os.fstat(warm.memfd).st_size
             in_file = size > INLINE_ANSWER_BYTES
             if in_file:
@@ -312,10 +312,11 @@ class Worker:
 
 
 class _Watch:
-    """Run after every frame: reports progress now and then, and ends the encode if
-    the daemon said Stop. It looks at most every `WATCH_S`, with one poll object:
-    `Connection.poll()` builds a selector on each call, 20-40 us beside x264's threads,
-    which made 3-4 ms of a 1344x768x122 encode on the H200 host."""
+    """Run after every frame, and between the packets of the encoder's final drain:
+    reports progress now and then, and ends the encode if the daemon said Stop. It looks
+    at most every `WATCH_S`, with one poll object: `Connection.poll()` builds a selector
+    on each call, 20-40 us beside x264's threads, which made 3-4 ms of a 1344x768x122
+    encode on the H200 host."""
 
     def __init__(self, conn: Connection, encoder: VideoEncoder) -> None:
         self._conn = conn

@@ -58,10 +58,13 @@ KEEP_PEAK_S = 600.0  # processes beyond KEEP, idle this long past `idle_s`, stop
 MAINTAIN_S = 1.0  # how often the pool looks for idle processes to stop
 STOP_WAIT_S = 2.0
 STOP_POLL_S = 0.05  # how soon a cancelled request's process is told to stop
-# A process told to stop looks for it after every frame; one that has not answered this
-# long after is hung (or stopped: SIGSTOP, a debugger) and is killed, so that it does not
-# hold its request's encode slot and leases for good.
-STOP_GRACE_S = 10.0
+# A process told to stop looks for it after every frame and between the packets of the
+# encoder's final drain; one that has not answered this long after is killed, so that a
+# cancelled encode stops within about a second whatever it was doing: hung (or stopped:
+# SIGSTOP, a debugger), or inside one long encoder call (x264 at placebo took 3 s for one
+# packet of 640x480 on two cores). That costs only the cancelled request: its frames are
+# in its leases, which come back, and the pool starts another process (see `give`).
+STOP_GRACE_S = 1.0
 # Said when a process that was up dies (the OOM killer, a crash); the pool starts another.
 STOPPED = "encoder process %d stopped (exit code %s, negative: killed by that signal)"
 START_RETRY_S = (1.0, 60.0)  # first and longest wait after processes fail to start
@@ -186,7 +189,8 @@ class EncoderProcess:
 
     def _kill_hung(self) -> NoReturn:
         log.warning(
-            "encoder process %d did not stop within %.0f s of being told to; killed it",
+            "encoder process %d did not stop within %.0f s of being told to (hung, or in "
+            "one long encoder call); killed it, and another starts",
             self.popen.pid,
             STOP_GRACE_S,
         )

@@ -31,7 +31,7 @@ import av
 import numpy as np
 
 from .codec_rules import split_params
-from .encoder import FrameConverter, ResolvedCodec, VideoEncoder, configure, open_context
+from .encoder import FrameConverter, ResolvedCodec, VideoEncoder, configure, drain, open_context
 from .errors import Cancelled
 from .landing import Frames
 
@@ -111,7 +111,12 @@ class SegmentCoder:
                     raise Cancelled("cancelled by the client")
                 frame.pts = index  # the segment's place in the whole video
                 packets += self._ctx.encode(frame)
-        packets += self._ctx.encode(None)
+
+        def check() -> None:
+            if stopped():
+                raise Cancelled("cancelled by the client")
+
+        packets += drain(self._ctx, check)  # stops between packets too
         return packets
 
 

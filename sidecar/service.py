@@ -27,6 +27,7 @@ from typing import Any
 
 from . import __version__
 from .clients import Clients
+from .codec_options import CostCeiling
 from .config import Config
 from .errors import (
     InvalidRequest,
@@ -81,7 +82,8 @@ class Sidecar:
         self.queue = LeaseQueue(self.leases, config.max_lease_wait)
         self.output_root = Path(config.output_dir)
         self.clients = Clients()
-        self.planner = Planner(self.leases, self.slabset, self.limits, self.output_root)
+        ceiling = CostCeiling(config.max_preset, config.max_lookahead)
+        self.planner = Planner(self.leases, self.slabset, self.limits, self.output_root, ceiling)
         self.scheduler = Scheduler(config.max_concurrent_encodes, config.encoder_threads)
         self.warm = WarmPool(config.warm_encoders)
         self.processes = EncoderProcesses(config.encoder_processes, config.idle_release)

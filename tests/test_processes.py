@@ -137,9 +137,11 @@ def test_stopping_the_daemon_stops_its_processes(make_daemon) -> None:  # type: 
 
 
 def test_idle_processes_stop(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Processes without work stop, so an idle daemon gives their memory back."""
+    """Processes without work stop, once they have been idle past the time a burst's
+    processes are kept, so an idle daemon gives their memory back."""
     monkeypatch.setattr(processes, "MAINTAIN_S", 0.1)
     monkeypatch.setattr(processes, "KEEP", 0)
+    monkeypatch.setattr(processes, "KEEP_PEAK_S", 0.5)
     slab = Path("/dev/shm") / f"vst-test-{os.getpid()}.slab"
     slab.write_bytes(b"\0" * 4096)
     pool = EncoderProcesses(limit=1, idle_s=0.5)
