@@ -23,6 +23,7 @@ import mmap
 import os
 import queue
 import random
+import re
 import shutil
 import socket
 import statistics
@@ -73,6 +74,21 @@ FULL_RANGES = 4_000_000  # empty ranges: about 8 MB on the wire
 FULL_OPTIONS = 500_000  # encoder options: about 7 MB
 HALF_SENT_KEPT = 16  # half-sent framed connections a fuzzer keeps open at once
 INNOCENT_EVERY_S = 0.05
+SLOW_SIZE = (320, 240)  # abandoned encodes: frames x264 takes a while over at veryslow
+SLOW_FRAME = SLOW_SIZE[0] * SLOW_SIZE[1] * 3
+SLOW_FRAMES = 48
+_LOG_LINE = re.compile(r"request_id=(abandon-\S+) status=(\S+) .*?ms=([0-9.]+)")
+
+
+def stop_latencies(log: str, abandoned: dict[str, tuple[float, float]]) -> list[float]:
+    """For each abandoned encode the daemon did not finish first: seconds from its client
+    leaving to the daemon ending it (its log's `ms`, counted from when it came)."""
+    late = []
+    for request_id, status, ms in _LOG_LINE.findall(log):
+        if request_id in abandoned and status != "OK":
+            sent, left = abandoned[request_id]
+            late.append(max(0.0, sent + float(ms) / 1e3 - left))
+    return late
 
 
 def full_size_requests(token: str) -> dict[str, tuple[bytes, bytes]]:
@@ -226,6 +242,7 @@ class Fuzzer:
         self.framed = Framed(f"{socket}.framed")
         self.left_open: list[socket.socket] = []  # framed connections with a half-sent message
         self.full = full_size_requests(self.token)  # made once: building one holds the GIL
+        self.abandoned_at: dict[str, tuple[float, float]] = {}  # request id: (sent, left)
         self.raw_framed = Framed(f"{socket}.framed", raw=True)
 
     def close(self) -> None:
@@ -480,6 +497,55 @@ class Fuzzer:
         if code != "INVALID_ARGUMENT":
             self.offending[f"{kind}-framed -> {code}"] += 1
 
+    def abandoned(self) -> None:
+        """An encode at the costliest settings the daemon allows (veryslow, lookahead 60),
+        left by its client while the encoder works or drains: a stream (an encoder
+        thread), or a whole video on the framed socket (an encoder process). When it
+        stopped is read from the daemon's log at the end (`stop_latencies`)."""
+        r = self.r
+        request_id = f"abandon-{self.seed}-{len(self.abandoned_at)}"
+        frames = bytes(r.randbytes(SLOW_FRAMES * SLOW_FRAME))
+        codec = pb.CodecOptions(preset="veryslow", extra={"x264-params": "rc-lookahead=60"})
+        geometry = {"width": SLOW_SIZE[0], "height": SLOW_SIZE[1], "pixel_format": 1}
+        sent = time.monotonic()
+        if r.random() < 0.5:
+            header = pb.StreamHeader(
+                client_token=self.token, request_id=request_id, codec=codec, fps=fps(), **geometry
+            )
+            header.output.container = CONTAINERS["fmp4"]  # type: ignore[assignment]
+            gate = threading.Event()
+
+            def feed() -> Iterator[pb.StreamRequest]:
+                yield pb.StreamRequest(header=header)
+                for start in range(0, len(frames), 1 << 20):
+                    yield chunk(inline=frames[start : start + (1 << 20)])
+                yield pb.StreamRequest(end=pb.StreamEnd())
+                gate.wait(30)
+
+            reply = self.stub.EncodeStream(feed(), timeout=60)
+            time.sleep(r.uniform(0.3, 1.5))
+            reply.cancel()
+            gate.set()
+            kind = "abandoned-stream"
+        else:
+            size = len(frames)
+            lease = self.stub.Lease(pb.LeaseRequest(client_token=self.token, size=size), timeout=30)
+            self.maps[lease.slab_id][lease.offset : lease.offset + size] = frames
+            video = pb.VideoDescriptor(fps=fps(), **geometry)
+            video.ranges.add(lease_id=lease.lease_id, frame_count=SLOW_FRAMES)
+            request = pb.EncodeRequest(
+                client_token=self.token, request_id=request_id, video=video, codec=codec
+            )
+            data = pb.FramedRequest(encode=request).SerializeToString()
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.connect(self.framed.path)
+                sock.sendall(b"VSF2" + struct.pack(">I", len(data)) + data)
+                time.sleep(r.uniform(0.3, 1.5))
+            self.release(lease.lease_id, "release-abandoned")  # freed by the encode: NOT_FOUND
+            kind = "abandoned-framed"
+        self.abandoned_at[request_id] = (sent, time.monotonic())
+        self.codes[f"{kind}:LEFT"] += 1
+
     def half_sent(self) -> None:
         """A framed message begun and not finished, the connection left open: the daemon
         must give up on it (and its buffer) by itself."""
@@ -528,6 +594,7 @@ class Fuzzer:
         kinds = {self.descriptor: 28, self.encode: 16, lambda: self.encode(extra=True): 8,
                  self.stream: 12, self.hostile_stream: 8, self.raw: 12, self.huge: 4,
                  self.hostile_framed: 3, self.full_size: 1, self.half_sent: 1,
+                 self.abandoned: 1,
                  self.release_unknown: 6, self.attach: 4,
                  lambda: self.call("status", self.stub.Status, pb.StatusRequest()): 2}  # fmt: skip
         try:
@@ -588,6 +655,13 @@ def main(argv: list[str] | None = None) -> int:
         default=0.3,
         metavar="SECONDS",
         help="(f): the longest an innocent request may wait",
+    )
+    p.add_argument(
+        "--stop-bound",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="(g): the longest an abandoned encode may run on after its client left",
     )
     args = p.parse_args(argv)
     args.requests = args.requests or (0 if args.minutes else 5000)
@@ -689,6 +763,9 @@ def soak(args: argparse.Namespace, daemon: DaemonProcess, root: Path, prefix: st
     idle_growth = round(idle["RssAnon"] / 1024 - warm, 1)
     if args.idle:
         checks["e_idle_rss_bounded"] = idle_growth <= args.rss_bound
+    abandoned = {k: v for f in fuzzers for k, v in f.abandoned_at.items()}
+    stops = sorted(stop_latencies((root / "daemon.log").read_text(errors="replace"), abandoned))
+    checks["g_abandoned_encodes_stop_within_1s"] = not stops or stops[-1] <= args.stop_bound
     waited = sorted(waits)
     checks["f_innocent_not_held_up"] = bool(waited) and waited[-1] <= args.innocent_bound
     summary = {
@@ -700,6 +777,9 @@ def soak(args: argparse.Namespace, daemon: DaemonProcess, root: Path, prefix: st
         **{key: figures(key, samples, (warm_t or [0.0])[0], end) for key in ("VmRSS", "RssAnon")},
         "idle": {"seconds": args.idle, "RssAnon": round(idle["RssAnon"] / 1024, 1),
                  "growth_over_warm": idle_growth, "with_processes": idle_tree}, "end": end,
+        "abandoned": {"left": len(abandoned), "stopped_by_daemon": len(stops),
+                      "max_s": round(stops[-1], 3) if stops else None,
+                      "p50_s": round(stops[len(stops) // 2], 3) if stops else None},
         "innocent": {"requests": len(waited),
                      "p50_s": round(waited[len(waited) // 2], 4) if waited else None,
                      "p99_s": round(waited[int(len(waited) * 0.99)], 4) if waited else None,
