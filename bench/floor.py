@@ -37,8 +37,8 @@ from typing import Any
 import av
 import numpy as np
 
-from sidecar.encoder import CodecSpec, configure, threading_for
-from sidecar.frames import Limits, check_geometry
+from sidecar.codec.encoder import CodecSpec, configure, threading_for
+from sidecar.codec.frames import Limits, check_geometry
 
 from .common import (
     CONTENTS,

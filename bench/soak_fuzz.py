@@ -41,7 +41,7 @@ import grpc
 
 from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
-from sidecar.launcher import DaemonProcess
+from sidecar.tools.launcher import DaemonProcess
 
 from .suites import tree_rss_anon
 

@@ -19,8 +19,8 @@ import numpy as np
 
 from client import SidecarClient
 from sidecar.config_values import ENV_PREFIX, default_encoder_processes
-from sidecar.launcher import DaemonProcess
-from sidecar.processes import KEEP
+from sidecar.pipeline.processes import KEEP
+from sidecar.tools.launcher import DaemonProcess
 
 from .common import (
     CONCURRENT_WARMUP_S,

@@ -203,7 +203,7 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
         keeps open, or an `EncodeOnce` call (with a `timeout`, and from
         `AsyncSidecarClient`). Anything else is `Encode`, a reply stream. On the framed
         socket a CUDA video of 32 MiB or more is sent while its GPU copy still runs,
-        and the daemon starts on each frame as it lands (`sidecar.landing`).
+        and the daemon starts on each frame as it lands (`sidecar.codec.landing`).
 
         Returns:
             An `EncodeResult`: `data` or `path`, frames, duration, size and timings.

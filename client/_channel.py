@@ -14,8 +14,7 @@ from typing import Any, ClassVar
 from grpc_health.v1.health_pb2_grpc import HealthStub
 
 from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
-from sidecar.config_values import default_socket
-from sidecar.vocabulary import MAX_MESSAGE_BYTES
+from sidecar.vocabulary import MAX_MESSAGE_BYTES, default_socket
 
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

@@ -235,7 +235,7 @@ def _ask(
 
 
 class FramesLanding:
-    """A request sent while its frames still land from the GPU (see `sidecar.landing`):
+    """A request sent while its frames still land from the GPU (see `sidecar.codec.landing`):
     the daemon's work before the first frame, and the encode of the first frames, overlap
     the copy. The count of landed frames lies after the last lease's frames. The request
     goes as soon as its leases are granted; calling this then queues the copies (the

@@ -1,6 +1,6 @@
 """The framed socket's client side: encodes, leases and releases on a plain Unix socket.
 
-A daemon names the socket in its Attach reply (see `sidecar.framed` for the protocol);
+A daemon names the socket in its Attach reply (see `sidecar.face.framed` for the protocol);
 this client speaks "VSF2", and uses the socket only when the daemon says it speaks it
 too. It spares each one-reply encode gRPC's threads and HTTP/2 framing: most of what a
 short clip costs outside the daemon, and a long video's output comes back without
@@ -62,7 +62,7 @@ def unreachable(path: str, exc: OSError) -> SidecarError:
 
 Request = pb.EncodeRequest | pb.LeaseRequest | pb.ReleaseRequest
 # Run between sending an encode and reading its reply: waits for the request's frames to
-# land, counting them for the daemon (see `sidecar.landing`).
+# land, counting them for the daemon (see `sidecar.codec.landing`).
 Landing = Callable[[], None]
 T = TypeVar("T")
 

@@ -2,7 +2,7 @@
 room that a call's timeout cuts short; leases given back as cleanup.
 
 The framed socket frees a lease granted in a connection's last reply when the connection
-ends unread (see `sidecar.framed`). A gRPC call has no such end: the daemon may grant the
+ends unread (see `sidecar.face.framed`). A gRPC call has no such end: the daemon may grant the
 lease just as the client gives up on the call (a cancel, a deadline, Ctrl-C), and the
 client's other calls would then renew a lease it never learnt of until it went quiet.
 So the request carries a random tag, and a call that failed without the daemon's answer

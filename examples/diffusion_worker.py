@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import torch
 
 from client import SidecarClient
-from sidecar.launcher import DaemonProcess, is_serving
+from sidecar.tools.launcher import DaemonProcess, is_serving
 
 
 def vae_decode_chunks(

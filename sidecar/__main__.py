@@ -7,10 +7,10 @@ import os
 import sys
 import threading
 
-from .cli import main as cli_main
+from .tools.cli import main as cli_main
 
 # Threads whose work a forced shutdown may have abandoned (see Server.shutdown).
-WORKER_THREADS = ("encode", "segment", "warm")
+WORKER_THREADS = ("encode", "stream", "segment", "warm")
 
 
 def main() -> None:

@@ -24,12 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from . import pool_sizing
-from .codec_options import (
+from .codec.codec_options import (
     DEFAULT_MAX_LOOKAHEAD,
     DEFAULT_MAX_PRESET,
     parse_max_lookahead,
     parse_max_preset,
 )
+from .codec.memory import RELEASE_S
 from .config_values import (
     AUTO,
     ENV_PREFIX,
@@ -42,7 +43,6 @@ from .config_values import (
     default_encoder_processes,
     default_output_dir,
     default_shm_prefix,
-    default_socket,
     format_size,
     parse_bool,
     parse_float,
@@ -52,7 +52,7 @@ from .config_values import (
     parse_slabs,
     read_toml,
 )
-from .memory import RELEASE_S
+from .vocabulary import default_socket
 
 
 def _opt(

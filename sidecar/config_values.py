@@ -9,7 +9,6 @@ import math
 import os
 import re
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -77,18 +76,6 @@ def cpu_count() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
-
-
-def runtime_dir() -> Path:
-    """Where a user's sockets live: $XDG_RUNTIME_DIR, else a private dir in the temp dir."""
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    if xdg and os.path.isdir(xdg):
-        return Path(xdg) / "video-sidecar"
-    return Path(tempfile.gettempdir()) / f"video-sidecar-{os.getuid()}"
-
-
-def default_socket() -> str:
-    return str(runtime_dir() / "sidecar.sock")
 
 
 def socket_path(target: str) -> str | None:

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .clients import Clients
-from .codec_options import CostCeiling
+from .codec.codec_options import CostCeiling
+from .codec.frames import Limits
 from .config import Config
 from .errors import (
     InvalidRequest,
@@ -38,20 +38,20 @@ from .errors import (
     StartupError,
 )
 from .events import Chunk, Progress
-from .frames import Limits
-from .intake import StreamIntake
-from .jobs import EncodeJob
-from .lease_queue import MAX_REGIONS, LeaseQueue
-from .leases import Lease, LeaseTable, check_tag
-from .planner import Accepted, Planner
-from .plans import EncodeOutcome
-from .processes import EncoderProcesses
-from .requests import EncodeSpec, Event, Result, StreamMessage
-from .scheduler import Scheduler
-from .shm import SlabSet
-from .status import Attachment, Stats, StatusReport
+from .pipeline.intake import StreamIntake
+from .pipeline.jobs import EncodeJob
+from .pipeline.planner import Accepted, Planner
+from .pipeline.plans import EncodeOutcome
+from .pipeline.processes import EncoderProcesses
+from .pipeline.requests import EncodeSpec, Event, Result, StreamMessage
+from .pipeline.scheduler import Scheduler
+from .pipeline.status import Attachment, Stats, StatusReport
+from .pipeline.warm import WarmPool, first_encode
+from .pool.clients import Clients
+from .pool.lease_queue import MAX_REGIONS, LeaseQueue
+from .pool.leases import Lease, LeaseTable, check_tag
+from .pool.shm import SlabSet
 from .vocabulary import MAX_MESSAGE_BYTES
-from .warm import WarmPool, first_encode
 
 log = logging.getLogger(__name__)
 

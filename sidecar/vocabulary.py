@@ -9,7 +9,10 @@ teaching the encoder to read it), nothing else.
 from __future__ import annotations
 
 import enum
+import os
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 from .api.v1 import sidecar_pb2 as pb
 
@@ -101,6 +104,19 @@ SAMPLE_FORMATS: dict[str, int] = {"f32": pb.SAMPLE_FORMAT_F32, "s16": pb.SAMPLE_
 SAMPLE_FORMAT_BY_PROTO: dict[int, str] = {value: name for name, value in SAMPLE_FORMATS.items()}
 
 
+def runtime_dir() -> Path:
+    """Where a user's sockets live: $XDG_RUNTIME_DIR, else a private dir in the temp dir.
+    The daemon listens there, and a client looks there, by default."""
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.isdir(xdg):
+        return Path(xdg) / "video-sidecar"
+    return Path(tempfile.gettempdir()) / f"video-sidecar-{os.getuid()}"
+
+
+def default_socket() -> str:
+    return str(runtime_dir() / "sidecar.sock")
+
+
 __all__ = [
     "CONTAINERS",
     "CONTAINER_BY_PROTO",
@@ -118,4 +134,6 @@ __all__ = [
     "STALL_TEXT",
     "PixelFormat",
     "Reason",
+    "default_socket",
+    "runtime_dir",
 ]

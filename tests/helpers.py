@@ -19,7 +19,7 @@ import numpy as np
 
 from client import SidecarClient
 from sidecar.api.v1 import sidecar_pb2 as pb
-from sidecar.launcher import DaemonProcess, serve_command
+from sidecar.tools.launcher import DaemonProcess, serve_command
 
 SHM_DIR = Path("/dev/shm")
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.allocator import RegionAllocator, align_up
+from sidecar.pool.allocator import RegionAllocator, align_up
 
 
 def test_aligned_first_fit() -> None:

@@ -130,6 +130,6 @@ def test_client_never_imports_av_or_torch() -> None:
 
 
 def test_sidecar_never_imports_torch() -> None:
-    mods = _modules_after("import sidecar.server, sidecar.cli, sidecar.demo")
+    mods = _modules_after("import sidecar.face.server, sidecar.tools.cli, sidecar.tools.demo")
     assert "torch" not in mods
     assert "av" in mods  # sanity: the check sees real imports

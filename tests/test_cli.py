@@ -18,7 +18,7 @@ import pytest
 
 from client._video import ArrayVideo
 from client.patterns import moving_pattern
-from sidecar.tool import ProgressBar
+from sidecar.tools.tool import ProgressBar
 
 from .conftest import new_prefix
 from .helpers import SHM_DIR, Daemon, daemon_command
@@ -50,7 +50,7 @@ def test_demo_starts_a_daemon_and_writes_a_valid_mp4(tmp_path: Path) -> None:
     # The daemon it started logged to a file, named in the output, not to the terminal.
     log = tmp_path / "state" / "video-sidecar" / f"{prefix}.log"
     assert f"log {log}" in result.stdout and "serving on" in log.read_text()
-    assert "sidecar.server" not in result.stdout + result.stderr
+    assert "sidecar.face.server" not in result.stdout + result.stderr
     for stage in ("lease", "copy into slabs", "encode", "daemon total"):
         assert stage in result.stdout
     assert not list(SHM_DIR.glob(f"{prefix}*")), "the demo's daemon left segments"
@@ -137,7 +137,10 @@ def test_a_closed_terminal_or_ctrl_c_leaves_nothing(make_daemon, sig: int) -> No
     d.process.send_signal(sig)
     assert d.process.wait(30) == 0
     assert d.segments() == [] and not os.path.exists(d.socket)
-    assert "sidecar.server: shutting down" in d.log() and "sidecar.server: stopped" in d.log()
+    assert (
+        "sidecar.face.server: shutting down" in d.log()
+        and "sidecar.face.server: stopped" in d.log()
+    )
 
 
 def test_sigkill_then_restart_sweeps_stale_segments(make_daemon) -> None:

@@ -20,7 +20,7 @@ import pytest
 
 from client import SidecarClient
 from sidecar.config import Config
-from sidecar.launcher import DaemonProcess, auto_shm_prefix
+from sidecar.tools.launcher import DaemonProcess, auto_shm_prefix
 
 from .conftest import new_prefix
 from .helpers import SHM_DIR, Daemon, SlowHandshake, decode
@@ -384,7 +384,7 @@ def test_wrong_socket_gets_its_own_prefix(daemon: Daemon, tmp_path: Path, given:
         assert f"shm prefix {prefix}" in result.stderr
         log = tmp_path / "state" / "video-sidecar" / f"{prefix}.log"
         assert str(log) in result.stderr and "serving on" in log.read_text()
-        assert "sidecar.server" not in result.stderr  # its log went to the file
+        assert "sidecar.face.server" not in result.stderr  # its log went to the file
     finally:
         leaked = prefix_segments(prefix)
         for name in leaked:
@@ -470,7 +470,7 @@ def test_ctrl_c_during_encode_is_one_line_and_stops_the_daemon(tmp_path: Path, s
     assert proc.returncode == status, stderr
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
     assert stderr.strip().splitlines()[-1] == last_line
-    assert "sidecar.server" not in stderr  # the daemon's log went to its file
+    assert "sidecar.face.server" not in stderr  # the daemon's log went to its file
     assert prefix_segments(prefix) == [], "the auto-started daemon left segments"
     assert not sock.exists() and not sock.parent.exists()
     assert not (tmp_path / "noise.mp4").exists() and not list(tmp_path.glob(".*.part"))

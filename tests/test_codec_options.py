@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 
 from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
-from sidecar.codec_options import ALLOWED, KNOWN_DANGEROUS, KNOWN_DANGEROUS_PARAMS
-from sidecar.codec_rules import (
+from sidecar.codec.codec_options import ALLOWED, KNOWN_DANGEROUS, KNOWN_DANGEROUS_PARAMS
+from sidecar.codec.codec_rules import (
     MAX_OPTIONS,
     MAX_PARAMS,
     SHOW,
@@ -33,9 +33,9 @@ from sidecar.codec_rules import (
     join_params,
     split_params,
 )
-from sidecar.encoder import CODECS, CodecSpec, ResolvedCodec, VideoEncoder
+from sidecar.codec.encoder import CODECS, CodecSpec, ResolvedCodec, VideoEncoder
+from sidecar.codec.frames import Limits, check_geometry
 from sidecar.errors import InvalidRequest
-from sidecar.frames import Limits, check_geometry
 
 from .conftest import assert_clean_log, new_prefix
 from .helpers import Daemon, decode

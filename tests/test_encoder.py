@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from client.patterns import moving_pattern
-from sidecar import encoder as encoder_module
-from sidecar.audio import AudioFormat
-from sidecar.encoder import (
+from sidecar.codec import encoder as encoder_module
+from sidecar.codec.audio import AudioFormat
+from sidecar.codec.encoder import (
     CodecSpec,
     VideoEncoder,
     converting_frame_threads,
@@ -22,8 +22,8 @@ from sidecar.encoder import (
     slice_threads,
     threading_for,
 )
+from sidecar.codec.frames import Geometry, Limits, check_geometry
 from sidecar.errors import InvalidRequest
-from sidecar.frames import Geometry, Limits, check_geometry
 
 from .helpers import decode, index_first, psnr
 

@@ -25,12 +25,12 @@ import pytest
 
 from client import DeadlineExceeded, InvalidArgument
 from client.patterns import moving_pattern
-from sidecar.codec_options import CostCeiling, parse_max_lookahead, parse_max_preset
+from sidecar.codec.codec_options import CostCeiling, parse_max_lookahead, parse_max_preset
+from sidecar.codec.encoder import CodecSpec, VideoEncoder
+from sidecar.codec.frames import Limits, check_geometry
 from sidecar.config import Config
-from sidecar.encoder import CodecSpec, VideoEncoder
 from sidecar.errors import Cancelled, InvalidRequest
-from sidecar.frames import Limits, check_geometry
-from sidecar.segments import SegmentCoder
+from sidecar.pipeline.segments import SegmentCoder
 from tests.helpers import Daemon, decode
 
 FRAMES, HEIGHT, WIDTH = 200, 144, 256
@@ -201,7 +201,9 @@ def encoder_pids(daemon: Daemon) -> list[int]:
             continue
         with contextlib.suppress(OSError):
             argv = (entry / "cmdline").read_bytes().split(b"\0")
-            if b"sidecar.process_main" in argv and any(daemon.prefix.encode() in a for a in argv):
+            if b"sidecar.pipeline.process_main" in argv and any(
+                daemon.prefix.encode() in a for a in argv
+            ):
                 pids.append(int(entry.name))
     return pids
 

@@ -5,8 +5,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from sidecar.errors import InvalidRequest, OutOfRange
-from sidecar.frames import (
+from sidecar.codec.frames import (
     FrameRangeSpec,
     Limits,
     borrow_frames,
@@ -14,7 +13,8 @@ from sidecar.frames import (
     place_range,
     place_ranges,
 )
-from sidecar.leases import Lease
+from sidecar.errors import InvalidRequest, OutOfRange
+from sidecar.pool.leases import Lease
 
 LIMITS = Limits(max_frames=100, max_width=4096, max_height=4096, max_request_bytes=1 << 30)
 

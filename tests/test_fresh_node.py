@@ -327,7 +327,7 @@ def test_daemonset_serves_on_a_fresh_node(node: Node) -> None:
     serve = [str(VENV_BIN / entrypoint[0]), *sidecar["args"]]
     # The same interpreter (a libpython it may not read can make the loader pick another),
     # the project, and the image's group.
-    same = f"import grp, sidecar.server, sys; grp.getgrnam({GROUP_NAME!r}); "
+    same = f"import grp, sidecar.face.server, sys; grp.getgrnam({GROUP_NAME!r}); "
     same += f"assert sys.version == {sys.version!r} and sys.prefix == {sys.prefix!r}, sys.version"
     node.choose_sandbox([*as_daemon, sys.executable, "-c", same], env)
 

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
-from sidecar.codec_options import ALLOWED, KNOWN_DANGEROUS, KNOWN_DANGEROUS_PARAMS
-from sidecar.codec_rules import Params
+from sidecar.codec.codec_options import ALLOWED, KNOWN_DANGEROUS, KNOWN_DANGEROUS_PARAMS
+from sidecar.codec.codec_rules import Params
 
 from .helpers import Daemon, RawFramed
 

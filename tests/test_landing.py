@@ -206,7 +206,7 @@ def test_frames_landing_from_another_thread_while_others_encode(daemon: Daemon) 
 
 
 def test_a_count_is_waited_for_and_each_frame_handed_out_once_counted() -> None:
-    from sidecar.landing import Landing
+    from sidecar.codec.landing import Landing
 
     slab = np.zeros(64, dtype=np.uint8)
     frames = np.arange(5 * 4, dtype=np.uint8).reshape(5, 4)
@@ -231,7 +231,7 @@ def test_a_count_is_waited_for_and_each_frame_handed_out_once_counted() -> None:
 
 
 def test_a_stalled_count_fails_and_a_check_stops_the_wait(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sidecar import landing as module
+    from sidecar.codec import landing as module
     from sidecar.errors import Cancelled, InvalidRequest
 
     monkeypatch.setattr(module, "STALL_S", 0.1)
@@ -255,8 +255,8 @@ def test_a_stalled_count_fails_and_a_check_stops_the_wait(monkeypatch: pytest.Mo
     [(6, 4, 64, "multiple of 4"), (4, 8, 64, "inside the frames"), (64, 8, 64, "no room")],
 )
 def test_where_a_count_may_lie(offset: int, frames_end: int, size: int, why: str) -> None:
+    from sidecar.codec.landing import check_place
     from sidecar.errors import InvalidRequest
-    from sidecar.landing import check_place
 
     check_place(8, 8, 12)  # right after the frames, the lease's last 4 bytes
     with pytest.raises(InvalidRequest, match=why):

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from sidecar.errors import Cancelled, InvalidRequest, LeaseBusy, LeaseNotFound, OutOfRange
-from sidecar.leases import MAX_WITHDRAWN, LeaseTable, check_tag
+from sidecar.pool.leases import MAX_WITHDRAWN, LeaseTable, check_tag
 
 MiB = 1024 * 1024
 

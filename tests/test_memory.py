@@ -1,4 +1,4 @@
-"""The malloc settings of the daemon and its encoder processes (sidecar.memory), in fresh
+"""The malloc settings of the daemon and its encoder processes (sidecar.codec.memory), in fresh
 interpreters: glibc reads its environment once, and mallopt lasts for the process."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ import sys
 
 import pytest
 
-from sidecar import memory
+from sidecar.codec import memory
 
 pytestmark = pytest.mark.skipif(memory._glibc() is None, reason="glibc's malloc only")
 
 # An encoder's buffers: twelve 4:2:0 frames of 1344x768, allocated, touched and freed.
 ENCODER = """
 import ctypes, sys
-from sidecar import memory
+from sidecar.codec import memory
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
 libc.malloc.argtypes = [ctypes.c_size_t]
@@ -100,7 +100,7 @@ def test_by_default_the_next_encoders_buffers_are_new_pages() -> None:
     ],
 )
 def test_an_operators_malloc_settings_win(env: dict[str, str]) -> None:
-    assert run("from sidecar import memory; print(memory.keep_freed())", **env) == ["False"]
+    assert run("from sidecar.codec import memory; print(memory.keep_freed())", **env) == ["False"]
 
 
 def test_an_idle_encoder_process_gives_the_kept_buffers_back() -> None:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -16,7 +14,7 @@ import pytest
 from client import InvalidArgument, Reason
 from client.patterns import moving_pattern
 
-from .helpers import daemon_command, decode, psnr
+from .helpers import decode, psnr
 from .test_cli import run
 
 
@@ -119,15 +117,6 @@ def test_health_command(daemon, tmp_path: Path) -> None:
     assert ok.returncode == 0 and ok.stdout.strip() == "SERVING"
     down = run(["health", "--socket", str(tmp_path / "none.sock"), "--timeout", "1"])
     assert down.returncode == 1
-
-
-def test_bench_shortcut_needs_a_checkout(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [*daemon_command(), "bench", "--help"],
-        cwd=tmp_path, capture_output=True, text=True, check=False,
-        env={**os.environ, "PYTHONPATH": ""},
-    )  # fmt: skip
-    assert result.returncode == 2 and "source checkout" in result.stderr
 
 
 def test_an_encode_its_deadline_stopped_is_logged_and_counted_as_that(make_daemon) -> None:  # type: ignore[no-untyped-def]

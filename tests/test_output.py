@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.errors import InvalidRequest, OutputExists
-from sidecar.output import FileTarget
+from sidecar.pipeline.output import FileTarget
 
 
 @pytest.mark.parametrize(

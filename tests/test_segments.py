@@ -11,9 +11,14 @@ import numpy as np
 import pytest
 
 from client.patterns import moving_pattern
-from sidecar.encoder import CodecSpec, VideoEncoder
-from sidecar.frames import Limits, check_geometry
-from sidecar.segments import encode_segments, keyframe_interval, plan_segments, thread_shares
+from sidecar.codec.encoder import CodecSpec, VideoEncoder
+from sidecar.codec.frames import Limits, check_geometry
+from sidecar.pipeline.segments import (
+    encode_segments,
+    keyframe_interval,
+    plan_segments,
+    thread_shares,
+)
 
 from .helpers import decode, psnr
 

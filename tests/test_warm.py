@@ -10,8 +10,8 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 from client.patterns import moving_pattern
-from sidecar.frames import PIXEL_FORMATS, Geometry
-from sidecar.warm import EncoderKey, WarmEncoder, WarmPool
+from sidecar.codec.frames import PIXEL_FORMATS, Geometry
+from sidecar.pipeline.warm import EncoderKey, WarmEncoder, WarmPool
 
 
 def test_back_to_back_requests_find_a_ready_encoder(make_daemon) -> None:  # type: ignore[no-untyped-def]
@@ -247,9 +247,9 @@ def test_a_kept_converter_is_primed_once_and_changes_no_byte(monkeypatch) -> Non
     same bytes as an encoder with a converter of its own."""
     import os
 
-    from sidecar.encoder import CodecSpec, FrameConverter
-    from sidecar.process_main import KEPT_CONVERTERS, Worker
-    from sidecar.warm import warm_up
+    from sidecar.codec.encoder import CodecSpec, FrameConverter
+    from sidecar.pipeline.process_main import KEPT_CONVERTERS, Worker
+    from sidecar.pipeline.warm import warm_up
 
     geometry = Geometry(96, 64, PIXEL_FORMATS["rgb24"], Fraction(24))
     codec = CodecSpec().resolve("mp4")

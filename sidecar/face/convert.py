@@ -1,0 +1,292 @@
+"""Protobuf to domain objects and back: the only module that knows both.
+
+Enum values are translated through `vocabulary`; a value the daemon does not know
+becomes a name that the domain checks refuse (`unknown pixel format 'enum value 9'`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from .. import __version__
+from ..api.v1 import sidecar_pb2 as pb
+from ..codec.audio import AudioFormat
+from ..codec.codec_rules import MAX_OPTIONS
+from ..codec.encoder import CodecSpec
+from ..codec.frames import FrameRangeSpec
+from ..errors import InvalidRequest
+from ..events import Chunk, Progress
+from ..pipeline.requests import (
+    AudioPiece,
+    AudioRangeSpec,
+    AudioRequest,
+    EncodeSpec,
+    InlineChunk,
+    LeaseChunk,
+    OutputRequest,
+    Result,
+    StreamEnd,
+    StreamMessage,
+    VideoRequest,
+)
+from ..pipeline.status import Attachment, StatusReport
+from ..pool.leases import Lease
+from ..vocabulary import CONTAINER_BY_PROTO, PIXEL_FORMAT_BY_PROTO, SAMPLE_FORMAT_BY_PROTO
+
+MAX_RANGES = 65_536
+MAX_AUDIO_PIECES = 4096
+
+
+class Undecodable:
+    """Stands in for a request whose bytes are not a valid message."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def refuse(self) -> InvalidRequest:
+        return InvalidRequest("request", f"not a valid {self.message} message")
+
+
+def decoder(cls: Any) -> Any:
+    """`cls.FromString` that returns `Undecodable` instead of raising: grpc would answer
+    UNKNOWN for a deserialiser's exception, and the handlers answer INVALID_ARGUMENT."""
+
+    def decode(data: bytes) -> Any:
+        try:
+            return cls.FromString(data)
+        except Exception:  # DecodeError, or invalid UTF-8 in a string field
+            return Undecodable(cls.DESCRIPTOR.name)
+
+    return decode
+
+
+def attachment_to_proto(a: Attachment) -> pb.AttachResponse:
+    return pb.AttachResponse(
+        client_token=a.client_token,
+        instance_id=a.instance_id,
+        shm_dir=a.shm_dir,
+        slabs=[pb.Slab(id=s.id, shm_name=s.name, size=s.size) for s in a.slabs],
+        limits=pb.Limits(
+            max_lease_bytes=a.slab_size,
+            alignment=a.alignment,
+            max_frames=a.limits.max_frames,
+            max_width=a.limits.max_width,
+            max_height=a.limits.max_height,
+            max_request_bytes=a.limits.max_request_bytes,
+            lease_ttl_ms=int(a.lease_ttl * 1e3),
+            max_lease_wait_ms=int(a.max_lease_wait * 1e3),
+        ),
+        server_version=__version__,
+    )
+
+
+def lease_to_proto(lease: Lease) -> pb.LeaseResponse:
+    return pb.LeaseResponse(
+        lease_id=lease.id,
+        slab_id=lease.slab_id,
+        offset=lease.offset,
+        size=lease.size,
+        ttl_ms=int(lease.ttl * 1e3),
+    )
+
+
+def leases_to_proto(leases: list[Lease]) -> pb.LeaseResponse:
+    """A Lease call's answer: the first region, then the others in `more`."""
+    reply = lease_to_proto(leases[0])
+    reply.more.extend(lease_to_proto(lease) for lease in leases[1:])
+    return reply
+
+
+def video_from_proto(
+    width: int, height: int, pixel_format: int, fps: pb.Rational, ranges: Any = ()
+) -> VideoRequest:
+    if len(ranges) > MAX_RANGES:
+        raise InvalidRequest("video.ranges", f"at most {MAX_RANGES} ranges per request")
+    return VideoRequest(
+        width=width,
+        height=height,
+        pixel_format=_name(PIXEL_FORMAT_BY_PROTO.get(pixel_format), pixel_format),
+        fps=(fps.num, fps.den),
+        ranges=tuple(range_from_proto(r) for r in ranges),
+    )
+
+
+def range_from_proto(r: pb.FrameRange) -> FrameRangeSpec:
+    return FrameRangeSpec(r.lease_id, r.offset, r.frame_count, r.row_stride, r.frame_stride)
+
+
+def codec_from_proto(c: pb.CodecOptions) -> CodecSpec:
+    if len(c.extra) > MAX_OPTIONS:  # counted before anything is built from them
+        raise InvalidRequest("codec.extra", f"at most {MAX_OPTIONS} options")
+    return CodecSpec(
+        codec=c.codec,
+        crf=c.crf if c.HasField("crf") else None,
+        preset=c.preset,
+        gop=c.gop if c.HasField("gop") else None,
+        threads=c.threads,
+        extra=tuple(sorted(c.extra.items())),
+    )
+
+
+def _name(known: Any, value: int) -> str:
+    """The wire name of a known enum value, else a name no domain check accepts."""
+    if known is None:
+        return f"enum value {value}"
+    return known if isinstance(known, str) else str(known.name)
+
+
+def output_from_proto(o: pb.OutputSpec, present: bool) -> OutputRequest:
+    which = o.WhichOneof("target") if present else None
+    container = CONTAINER_BY_PROTO.get(o.container)
+    if container is None:
+        raise InvalidRequest("output.container", f"unknown container enum value {o.container}")
+    return OutputRequest(
+        path=o.file.path if which == "file" else None,
+        overwrite=which == "file" and o.file.overwrite,
+        container=container,
+    )
+
+
+def audio_from_proto(present: bool, a: pb.AudioSpec, data: Any) -> AudioRequest:
+    fmt = None
+    if present:
+        sample_format = _name(SAMPLE_FORMAT_BY_PROTO.get(a.sample_format), a.sample_format)
+        fmt = AudioFormat(a.sample_rate, a.channels, sample_format)
+    return AudioRequest(fmt, audio_pieces_from_proto(data))
+
+
+def audio_pieces_from_proto(data: Any) -> tuple[AudioPiece, ...]:
+    if len(data) > MAX_AUDIO_PIECES:
+        raise InvalidRequest("audio_data", f"at most {MAX_AUDIO_PIECES} pieces")
+    pieces: list[AudioPiece] = []
+    for d in data:
+        if d.WhichOneof("source") == "range":
+            pieces.append(AudioRangeSpec(d.range.lease_id, d.range.offset, d.range.size))
+        else:
+            pieces.append(bytes(d.inline))
+    return tuple(pieces)
+
+
+def encode_spec_from_proto(
+    request: pb.EncodeRequest, request_id: str, *, one_reply: bool = False, reply_data_max: int = 0
+) -> EncodeSpec:
+    v = request.video
+    return EncodeSpec(
+        client_token=request.client_token,
+        request_id=request_id,
+        video=video_from_proto(v.width, v.height, v.pixel_format, v.fps, v.ranges),
+        codec=codec_from_proto(request.codec),
+        next_lease_bytes=request.next_lease_bytes,
+        data_in_result=request.data_in_result,
+        data_in_lease=request.data_in_lease,
+        one_reply=one_reply,
+        reply_data_max=reply_data_max,
+        data_in_next_lease=request.data_in_next_lease,
+        landed_count_offset=request.landed_count_offset,
+        output=output_from_proto(request.output, request.HasField("output")),
+        audio=audio_from_proto(request.HasField("audio"), request.audio, request.audio_data),
+    )
+
+
+def stream_spec_from_proto(h: pb.StreamHeader, request_id: str) -> EncodeSpec:
+    return EncodeSpec(
+        client_token=h.client_token,
+        request_id=request_id,
+        video=video_from_proto(h.width, h.height, h.pixel_format, h.fps),
+        codec=codec_from_proto(h.codec),
+        output=output_from_proto(h.output, h.HasField("output")),
+        audio=audio_from_proto(h.HasField("audio"), h.audio, h.audio_data),
+    )
+
+
+async def stream_messages(
+    requests: AsyncIterator[pb.StreamRequest],
+) -> AsyncIterator[StreamMessage]:
+    """The rest of a stream as domain messages."""
+    async for request in requests:
+        if isinstance(request, Undecodable):
+            raise request.refuse()
+        kind = request.WhichOneof("message")
+        if kind == "chunk":
+            if request.chunk.WhichOneof("frames") == "range":
+                yield LeaseChunk(range_from_proto(request.chunk.range))
+            else:
+                yield InlineChunk(bytes(request.chunk.inline))
+        elif kind == "end":
+            yield StreamEnd(
+                audio_pieces_from_proto(request.end.audio_data), request.end.next_lease_bytes
+            )
+            return
+        else:
+            raise InvalidRequest("message", f"expected a chunk or the end, got {kind or 'nothing'}")
+
+
+def event_to_proto(event: Progress | Chunk | Result) -> pb.EncodeEvent:
+    if isinstance(event, Progress):
+        return pb.EncodeEvent(
+            progress=pb.Progress(frames_done=event.frames_done, frames_total=event.frames_total)
+        )
+    if isinstance(event, Chunk):
+        return pb.EncodeEvent(chunk=pb.OutputChunk(offset=event.offset, data=event.data))
+    return pb.EncodeEvent(result=result_to_proto(event))
+
+
+def result_to_proto(event: Result) -> pb.EncodeResult:
+    return pb.EncodeResult(
+        request_id=event.request_id,
+        path=event.path,
+        size_bytes=event.size_bytes,
+        frames=event.frames,
+        duration_s=event.duration_s,
+        codec=event.codec,
+        container=event.container,
+        width=event.width,
+        height=event.height,
+        audio_samples=event.audio_samples,
+        timings=pb.StageTimings(**event.timings_ms),
+        next_lease=lease_to_proto(event.next_lease) if event.next_lease else None,
+        data=event.data,
+        data_lease=lease_to_proto(event.data_lease) if event.data_lease else None,
+    )
+
+
+def status_to_proto(s: StatusReport, errors_by_code: dict[str, int]) -> pb.StatusResponse:
+    return pb.StatusResponse(
+        server_version=s.version,
+        instance_id=s.instance_id,
+        uptime_s=s.uptime_s,
+        pool=pb.PoolStatus(
+            slabs=s.pool.slabs,
+            slab_size=s.pool.slab_size,
+            total_bytes=s.pool.total_bytes,
+            leased_bytes=s.pool.leased_bytes,
+            active_leases=s.pool.active_leases,
+            largest_free=s.pool.largest_free,
+        ),
+        active_encodes=s.active_encodes,
+        queued_encodes=s.queued_encodes,
+        max_concurrent_encodes=s.max_concurrent_encodes,
+        encoder_processes=s.encoder_processes,
+        clients=s.clients,
+        counters=pb.Counters(
+            requests=s.stats.requests,
+            encodes_ok=s.stats.encodes_ok,
+            encodes_failed=s.stats.encodes_failed,
+            frames_encoded=s.stats.frames_encoded,
+            bytes_out=s.stats.bytes_out,
+            leases_granted=s.leases_granted,
+            leases_expired=s.leases_expired,
+            errors=errors_by_code,
+            warm_hits=s.warm_hits,
+            warm_misses=s.warm_misses,
+            process_encodes=s.process_encodes,
+            lease_waits=s.lease_queue.waits,
+            lease_wait_s=s.lease_queue.wait_s,
+            lease_refusals=dict(s.lease_queue.refusals),
+        ),
+        lease_waiters=[
+            pb.LeaseWaiter(client=w.client, bytes=w.nbytes, regions=w.regions, waited_s=w.waited_s)
+            for w in s.lease_waiters
+        ],
+    )

@@ -1,0 +1,142 @@
+"""Where encoded bytes go: a file placed atomically under the output root, or memory.
+
+File outputs are confined to the output root: no absolute paths, no `..`, and no
+directory on the way that resolves (through a symlink) outside the root. The encoder
+writes a hidden temporary file next to the target; only a complete file is renamed
+into place, so a reader never sees a partial MP4 and a failed encode leaves nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from ..errors import DiskFull, InvalidRequest, OutputError, OutputExists
+
+FIELD = "output.file.path"
+MAX_PATH_CHARS = 1024
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def confine(relative: str) -> PurePosixPath:
+    """Check a client path lexically; returns it as a relative path."""
+    if not relative:
+        raise InvalidRequest(FIELD, "must not be empty")
+    if len(relative) > MAX_PATH_CHARS:
+        raise InvalidRequest(FIELD, f"longer than {MAX_PATH_CHARS} characters")
+    if "\x00" in relative:
+        raise InvalidRequest(FIELD, "must not contain NUL")
+    if not relative.isprintable():  # letters of any script, digits, marks, punctuation, spaces
+        raise InvalidRequest(
+            FIELD, "may hold only printable characters: no control characters, tabs or newlines"
+        )
+    path = PurePosixPath(relative)
+    if relative.endswith("/"):
+        raise InvalidRequest(FIELD, f"{relative[:80]!r} names a directory, not a file")
+    if path.is_absolute():
+        raise InvalidRequest(
+            FIELD, f"{relative[:80]!r} is absolute; give a path under the output root"
+        )
+    if any(part == ".." for part in path.parts):
+        raise InvalidRequest(
+            FIELD, f"{relative[:80]!r} contains '..'; it must stay under the output root"
+        )
+    if not path.name or path.name in {".", ".."}:
+        raise InvalidRequest(FIELD, f"{relative[:80]!r} does not name a file")
+    return path
+
+
+def output_error(exc: OSError, what: str) -> OutputError:
+    """Turn an OS error while writing into the matching domain error."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DiskFull(f"no space left on the output device while writing {what}")
+    if exc.errno == errno.EFBIG:
+        return DiskFull(f"{what} would exceed the file size limit")
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    return OutputError(f"cannot write {what}: {reason}")
+
+
+@dataclass
+class FileTarget:
+    """A confined output path; `open_temp` and `commit` write it atomically."""
+
+    final: Path
+    overwrite: bool
+    temp: Path | None = None
+
+    @classmethod
+    def prepare(cls, root: Path, relative: str, overwrite: bool) -> FileTarget:
+        """Resolve `relative` under `root`, creating directories, refusing any escape."""
+        rel = confine(relative)
+        real_root = os.path.realpath(root)
+        current = real_root
+        for part in rel.parent.parts:
+            step = os.path.join(current, part)
+            try:
+                os.mkdir(step, 0o755)
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                raise output_error(exc, f"directory {rel.parent}") from None
+            current = os.path.realpath(step)
+            if not _inside(current, real_root):
+                raise InvalidRequest(
+                    FIELD, f"{relative[:80]!r} leaves the output root through a link"
+                )
+            # A file in the way is the output root's state, not a wrong request.
+            if not os.path.isdir(current):
+                raise OutputError(
+                    f"cannot write {relative[:80]!r}: {part!r} in it is not a directory"
+                )
+        final = Path(current) / rel.name
+        if os.path.isdir(final):
+            raise OutputError(f"cannot write {relative[:80]!r}: it is a directory")
+        if not overwrite and os.path.lexists(final):
+            raise OutputExists(f"{relative[:80]!r} exists; pass overwrite to replace it")
+        return cls(final, overwrite)
+
+    def open_temp(self) -> Path:
+        """Create the hidden temporary file the encoder writes to."""
+        temp = self.final.with_name(f".{self.final.name}.{secrets.token_hex(4)}.part")
+        try:
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            raise output_error(exc, str(self.final)) from None
+        os.close(fd)
+        self.temp = temp
+        return temp
+
+    def commit(self) -> Path:
+        """Move the finished temporary file into place, atomically."""
+        assert self.temp is not None
+        try:
+            if self.overwrite:
+                os.replace(self.temp, self.final)
+            else:
+                # link() fails if the name was taken meanwhile, so nothing is clobbered.
+                os.link(self.temp, self.final)
+                os.unlink(self.temp)
+        except FileExistsError:
+            self.discard()
+            raise OutputExists(
+                f"{self.final.name!r} appeared while encoding; not replaced"
+            ) from None
+        except OSError as exc:
+            self.discard()
+            raise output_error(exc, str(self.final)) from None
+        self.temp = None
+        return self.final
+
+    def discard(self) -> None:
+        """Remove the temporary file, if any."""
+        if self.temp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.temp.unlink()
+            self.temp = None

@@ -1,0 +1,89 @@
+"""What an encode is asked to do (`EncodePlan`) and what it produced (`EncodeOutcome`)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..codec.audio import AudioFormat
+from ..codec.encoder import ResolvedCodec
+from ..codec.frames import Geometry
+from .output import FileTarget
+
+
+@dataclass(frozen=True)
+class EncodePlan:
+    request_id: str
+    geometry: Geometry
+    codec: ResolvedCodec
+    target: FileTarget | None  # None: bytes, returned in memory or streamed
+    threads: int
+    container: str = "mp4"
+    audio: AudioFormat | None = None
+    frames_total: int = 0  # known up front for a whole-video Encode
+    one_reply: bool = False  # nothing goes back before the result
+    # Frames still landing: where their count lies, as (slab id, byte offset in the slab).
+    landed_at: tuple[int, int] | None = None
+
+    @property
+    def streams_bytes(self) -> bool:
+        """Fragmented MP4 to bytes goes back while encoding; the rest when complete."""
+        return self.target is None and self.container == "fmp4" and not self.one_reply
+
+
+@dataclass
+class EncodeOutcome:
+    """What a finished job produced. Bytes outputs not yet sent are in `memfd`, or in
+    `data` when an encoder process sent them (already in memory: no file round trip)."""
+
+    frames: int
+    duration_s: float
+    size_bytes: int
+    path: str
+    memfd: int | None
+    audio_samples: int
+    timings_ms: dict[str, float]
+    data: bytes | None = None
+
+    def read_chunks(self, chunk_size: int) -> Iterator[tuple[int, bytes]]:
+        """(offset, bytes) pieces of a bytes output, read as they are sent: a long
+        video's output is never all in the daemon's memory at once."""
+        if self.data is not None:
+            for offset in range(0, len(self.data), chunk_size):
+                yield offset, self.data[offset : offset + chunk_size]
+        elif self.memfd is not None:
+            for offset in range(0, self.size_bytes, chunk_size):
+                yield offset, os.pread(self.memfd, chunk_size, offset)
+
+    def read_all(self) -> bytes:
+        """The whole bytes output, in memory (a small one)."""
+        if self.data is not None:
+            return self.data
+        assert self.memfd is not None
+        return os.pread(self.memfd, self.size_bytes, 0)
+
+    @property
+    def unsent(self) -> bool:
+        """A bytes output still to send (a streamed one has gone already)."""
+        return self.data is not None or self.memfd is not None
+
+    def copy_into(self, target: np.ndarray) -> None:
+        """Put the whole bytes output into `target` (a region of a slab)."""
+        if self.data is not None:
+            target[: len(self.data)] = np.frombuffer(self.data, dtype=np.uint8)
+        elif self.memfd is not None:
+            view = target.data[: self.size_bytes]
+            done = 0
+            while done < self.size_bytes:
+                got = os.preadv(self.memfd, [view[done:]], done)
+                if got <= 0:
+                    raise OSError(f"the output ended at {done} of {self.size_bytes} bytes")
+                done += got
+
+    def close(self) -> None:
+        if self.memfd is not None:
+            os.close(self.memfd)
+            self.memfd = None

@@ -1,0 +1,385 @@
+"""An encoder process: encodes videos from the daemon's slabs, one at a time.
+
+Started by `processes.EncoderProcesses` as `python -m sidecar.pipeline.process_main FD IDLE
+SLAB...`, in its own session (a terminal's Ctrl-C is the daemon's to handle), with one end
+of a socket pair as FD. It maps the slabs once, then serves jobs: an `Assignment` in, an
+`Answer` out, with `Progress` between them on a long encode and a `Stop` from the daemon
+ending it early. After each answer it opens the next encoder for the same settings, so the
+open (several milliseconds that hold this process's GIL, not the daemon's) is done before
+the next request for them arrives; it then says `Ready`. A `Prepare` asks it to open one for
+given settings while it has no work (another process has just taken the only ready one); it
+too is answered with `Ready`.
+
+It never touches leases, sockets or files: the daemon checks every request, owns the leases,
+and writes the bytes this process returns. When the daemon goes away, the next read fails
+and the process exits."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import mmap
+import os
+import select
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.reduction import send_handle
+
+import av
+import numpy as np
+
+from ..codec.encoder import FrameConverter, ResolvedCodec, VideoEncoder
+from ..codec.frames import Geometry, PlacedRange, borrow_frames
+from ..codec.landing import Frames, Landing
+from ..codec.memory import RELEASE_S, keep_freed, limit_arenas, trim
+from ..errors import Cancelled, InvalidRequest, SidecarError
+from ..events import PROGRESS_INTERVAL
+from .warm import EncoderKey, WarmEncoder, open_in_memory, warm_up
+
+# Larger outputs are handed over as a descriptor: pickling a 2.9 MB output through the
+# socket and back took 3-5 ms on the H200 host, handing over its memfd 0.3 ms.
+INLINE_ANSWER_BYTES = 256 * 1024
+KEPT_CONVERTERS = 4  # colour converters kept for the settings served last
+WATCH_S = 0.002  # how often an encode looks for the daemon's Stop, at most
+
+
+@dataclass(frozen=True)
+class Region:
+    """Frames inside a slab, as `frames.PlacedRange` without its lease."""
+
+    slab: int
+    start: int
+    frame_count: int
+    row_stride: int
+    frame_stride: int
+
+
+@dataclass(frozen=True)
+class EncoderSettings:
+    """What opening an encoder takes."""
+
+    key: EncoderKey
+    geometry: Geometry
+    codec: ResolvedCodec
+    threads: int
+    thread_type: str
+
+
+@dataclass(frozen=True)
+class Prepare(EncoderSettings):
+    """Open a ready encoder for these settings now; answered with `Ready`."""
+
+
+@dataclass(frozen=True)
+class Assignment(EncoderSettings):
+    regions: tuple[Region, ...]
+    # Frames still landing: their count's (slab, byte offset); see landing.
+    landed_at: tuple[int, int] | None = None
+
+    def preparation(self) -> Prepare:
+        """What another process needs to get an encoder ready for the next such job."""
+        return Prepare(self.key, self.geometry, self.codec, self.threads, self.thread_type)
+
+    @classmethod
+    def of(
+        cls,
+        key: EncoderKey,
+        geometry: Geometry,
+        codec: ResolvedCodec,
+        threads: int,
+        thread_type: str,
+        pieces: list[PlacedRange],
+        *,
+        landed_at: tuple[int, int] | None = None,
+    ) -> Assignment:
+        """What a process needs for an encode: settings, where its frames lie, and where
+        their landed-frame count lies if they still land."""
+        regions = tuple(
+            Region(p.lease.slab_id, p.start, p.frame_count, p.row_stride, p.frame_stride)
+            for p in pieces
+        )
+        return cls(key, geometry, codec, threads, thread_type, regions, landed_at)
+
+
+@dataclass
+class Answer:
+    """What an assignment produced: the MP4's bytes, or why not (`error` is a class name
+    from `errors`, `field` and `message` its arguments). An output larger than
+    `INLINE_ANSWER_BYTES` does not travel as bytes: `in_file` says that the memfd holding
+    it follows the answer over the socket (the daemon keeps it as `memfd`), so a long
+    video's output is never copied, and never held twice in memory."""
+
+    data: bytes = b""
+    in_file: bool = False
+    size: int = 0
+    memfd: int | None = None  # set by the daemon once it has received the descriptor
+    frames: int = 0
+    warm: bool = False  # the encoder was ready before the assignment came
+    timings_s: dict[str, float] = field(default_factory=dict)
+    received_at: float = 0.0  # when the assignment was read (time.perf_counter)
+    error: str = ""
+    field: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Frames encoded so far, sent every `PROGRESS_INTERVAL` during a long encode."""
+
+    frames: int
+
+
+@dataclass(frozen=True)
+class Stop:
+    """The daemon's word that the request was cancelled: end the encode, answer Cancelled.
+    One that comes after the answer went is simply dropped."""
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The process is free again, with a ready encoder for `key` (None: the open failed)."""
+
+    key: EncoderKey | None
+
+
+class Worker:
+    def __init__(self, conn: Connection, slab_paths: list[str], idle_s: float = RELEASE_S) -> None:
+        self._conn = conn
+        self._idle_s = idle_s  # idle this long, the ready encoder closes and memory goes back
+        self._slabs = [_map(path) for path in slab_paths]
+        self._warm: tuple[EncoderKey, WarmEncoder] | None = None
+        self._used: list[WarmEncoder] = []  # freed once the answer is sent
+        # Colour converters kept from one encoder to the next of the same settings: the
+        # refill then opens x264 alone, and no swscale set-up (3 of its 7 ms, and 5 ms of
+        # CPU, at 1344x768 on two cores) competes with the next request's encode.
+        self._converters: dict[tuple[Geometry, int], FrameConverter] = {}
+        self._outgoing: int | None = None  # a large answer's memfd, sent after it
+
+    def serve(self) -> None:
+        while True:
+            if not self._conn.poll(self._idle_s):
+                had_warm = self._warm is not None
+                self._discard_warm()
+                self._converters.clear()
+                trim()  # what the encoders freed, kept for the next ones (keep_freed)
+                if had_warm:
+                    with contextlib.suppress(OSError):
+                        self._conn.send(Ready(None))  # no encoder ready any more
+                continue
+            try:
+                job = self._conn.recv()
+            except (EOFError, OSError):
+                return  # the daemon has gone
+            if job is None:
+                return
+            if isinstance(job, Stop):
+                continue  # it crossed the answer: nothing to stop
+            if isinstance(job, Prepare):
+                try:
+                    self._conn.send(Ready(self._prepare(job)))
+                except OSError:
+                    return
+                continue
+            assert isinstance(job, Assignment)
+            received_at = time.perf_counter()
+            answer = self._encode(job)
+            answer.received_at = received_at
+            try:
+                self._conn.send(answer)
+                if self._outgoing is not None:
+                    send_handle(self._conn, self._outgoing, os.getppid())
+                    os.close(self._outgoing)
+                    self._outgoing = None
+                # Only now let the used encoder go: closing x264 joins its threads.
+                self._used.clear()
+                self._conn.send(Ready(self._refill(job)))
+            except OSError:
+                return  # the daemon has gone
+
+    def _encode(self, job: Assignment) -> Answer:
+        warm = self._take_warm(job)
+        was_ready = warm is not None
+        encoder: VideoEncoder | None = None
+        try:
+            if warm is None:
+                warm = open_in_memory(
+                    job.geometry, job.codec, job.threads, job.thread_type, self._converter(job)
+                )
+            else:
+                warm.encoder.timings.open = 0.0  # paid before this request arrived
+            encoder = warm.encoder
+            total = sum(region.frame_count for region in job.regions)
+            encoder.reserve_index(total)
+            watch = _Watch(self._conn, encoder)
+            landing = None
+            if job.landed_at is not None:
+                landing = Landing(self._slabs[job.landed_at[0]], job.landed_at[1], total)
+            first = 0
+            for region in job.regions:
+                placed = PlacedRange(
+                    None,  # type: ignore[arg-type]  # leases stay with the daemon
+                    region.start,
+                    region.frame_count,
+                    region.row_stride,
+                    region.frame_stride,
+                )
+                images = borrow_frames(self._slabs[region.slab], job.geometry, placed)
+                gated: Frames = images if landing is None else landing.gate(images, first, watch)
+                first += region.frame_count
+                encoder.encode_all(gated, watch)
+            encoder.close(watch)  # a Stop ends the drain between its packets too
+            size = os.fstat(warm.memfd).st_size
+            in_file = size > INLINE_ANSWER_BYTES
+            if in_file:
+                self._outgoing = os.dup(warm.memfd)  # sent after the answer
+            data = b"" if in_file else os.pread(warm.memfd, size, 0)
+            timings = dataclasses.asdict(encoder.timings)
+            return Answer(
+                data=data,
+                in_file=in_file,
+                size=size,
+                frames=encoder.frames,
+                warm=was_ready,
+                timings_s=timings,
+            )
+        except Cancelled:
+            frames = encoder.frames if encoder is not None else 0
+            return Answer(frames=frames, error="Cancelled", message="cancelled by the client")
+        except InvalidRequest as exc:
+            frames = encoder.frames if encoder is not None else 0
+            return Answer(
+                frames=frames, error="InvalidRequest", field=exc.field, message=_detail(exc)
+            )
+        except (SidecarError, av.error.FFmpegError, ValueError, OSError) as exc:
+            frames = encoder.frames if encoder is not None else 0
+            return Answer(frames=frames, error="EncodeFailed", message=f"encoder failed: {exc}")
+        finally:
+            if warm is not None:
+                warm.discard()
+                self._used.append(warm)
+
+    def _take_warm(self, job: Assignment) -> WarmEncoder | None:
+        """The ready encoder, if it suits `job`. A long video's frame threads must be the
+        job's share of the cores: one opened with all of them for a request that ran
+        alone would crowd seven others out. (A clip of a few frames takes it anyway: its
+        threads are busy for a few milliseconds, and the open would cost more.)"""
+        if self._suits(job):
+            assert self._warm is not None
+            warm, self._warm = self._warm[1], None
+            return warm
+        self._discard_warm()
+        return None
+
+    def _suits(self, job: EncoderSettings) -> bool:
+        """Whether the ready encoder may serve `job` (see `_take_warm`)."""
+        if self._warm is None or self._warm[0] != job.key:
+            return False
+        return job.thread_type != "FRAME" or self._warm[1].threads == job.threads
+
+    def _prepare(self, job: Prepare) -> EncoderKey | None:
+        if self._suits(job):
+            return job.key  # one is ready already
+        self._discard_warm()
+        return self._refill(job)
+
+    def _refill(self, job: EncoderSettings) -> EncoderKey | None:
+        try:
+            converter = self._converter(job)
+            warm = warm_up(job.geometry, job.codec, job.threads, job.thread_type, converter)
+        except Exception:  # the request already had its answer; simply not ready
+            return None
+        self._warm = (job.key, warm)
+        return job.key
+
+    def _converter(self, job: EncoderSettings) -> FrameConverter:
+        """The converter for `job`'s settings, kept for the next encoder of them (the
+        last few settings only)."""
+        key = FrameConverter.key_for(job.geometry, job.threads)
+        converter = self._converters.pop(key, None) or FrameConverter(job.geometry, job.threads)
+        self._converters[key] = converter  # the most recent last
+        while len(self._converters) > KEPT_CONVERTERS:
+            del self._converters[next(iter(self._converters))]
+        return converter
+
+    def _discard_warm(self) -> None:
+        if self._warm is not None:
+            self._warm[1].discard()
+            self._warm = None
+
+
+class _Watch:
+    """Run after every frame, and between the packets of the encoder's final drain:
+    reports progress now and then, and ends the encode if the daemon said Stop. It looks
+    at most every `WATCH_S`, with one poll object: `Connection.poll()` builds a selector
+    on each call, 20-40 us beside x264's threads, which made 3-4 ms of a 1344x768x122
+    encode on the H200 host."""
+
+    def __init__(self, conn: Connection, encoder: VideoEncoder) -> None:
+        self._conn = conn
+        self._encoder = encoder
+        self._last = self._looked = time.monotonic()
+        self._poller = select.poll()
+        self._poller.register(conn.fileno(), select.POLLIN)
+
+    def __call__(self) -> None:
+        now = time.monotonic()
+        if now - self._looked >= WATCH_S:
+            self._looked = now
+            if self._poller.poll(0):  # a message, or the daemon gone (recv raises)
+                message = self._conn.recv()
+                if isinstance(message, Stop) or message is None:
+                    raise Cancelled("cancelled by the client")
+        if now - self._last >= PROGRESS_INTERVAL:
+            self._last = now
+            self._conn.send(Progress(self._encoder.frames))
+
+
+def _detail(exc: InvalidRequest) -> str:
+    text = str(exc)
+    prefix = f"{exc.field}: "
+    return text[len(prefix) :] if text.startswith(prefix) else text
+
+
+def _map(path: str) -> np.ndarray:
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        # Populated now, at startup: a page first touched during an encode faults there,
+        # and a few hundred faults on a fresh region cost more than the encode itself.
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        mapped = mmap.mmap(fd, os.fstat(fd).st_size, flags=flags)
+    finally:
+        os.close(fd)
+    return np.frombuffer(mapped, dtype=np.uint8)
+
+
+def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon decides when to stop
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Each encoder's buffers serve the next one's (keep_freed), trimmed when idle. With
+    # one arena only: malloc_trim gives back the top of the main arena's heap alone, and
+    # another arena's kept top would stay resident. Few threads here allocate (the
+    # feeding thread, the converting one, x264's at its open).
+    if limit_arenas(1):
+        keep_freed()
+    conn = Connection(int(argv[0]))
+    try:
+        worker = Worker(conn, argv[2:], float(argv[1]))
+    except OSError as exc:  # the daemon sees the connection close and stops using us
+        print(f"video-sidecar encoder process: cannot map the slabs: {exc}", file=sys.stderr)
+        return 1
+    try:
+        conn.send(Ready(None))
+    except OSError:
+        return 0  # the daemon stopped while this process started
+    worker.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    # Run under the module's own name, so what it pickles names sidecar.pipeline.process_main.
+    from sidecar.pipeline.process_main import main as run
+
+    sys.exit(run(sys.argv[1:]))

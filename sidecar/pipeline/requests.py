@@ -1,0 +1,116 @@
+"""Encode requests and their events, in domain terms (what the servicer builds from and
+turns into protobuf)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..codec.audio import AudioFormat
+from ..codec.encoder import CodecSpec
+from ..codec.frames import FrameRangeSpec
+from ..events import Chunk, Progress
+from ..pool.leases import Lease
+
+
+@dataclass(frozen=True)
+class AudioRangeSpec:
+    """Audio bytes [offset, offset + size) of a lease."""
+
+    lease_id: str
+    offset: int
+    size: int
+
+
+AudioPiece = AudioRangeSpec | bytes
+
+
+@dataclass(frozen=True)
+class VideoRequest:
+    width: int
+    height: int
+    pixel_format: str
+    fps: tuple[int, int]
+    ranges: tuple[FrameRangeSpec, ...] = ()
+
+
+@dataclass(frozen=True)
+class OutputRequest:
+    path: str | None = None  # relative to the output root; None means bytes
+    overwrite: bool = False
+    container: str = "mp4"  # mp4, fmp4 or webm
+
+
+@dataclass(frozen=True)
+class AudioRequest:
+    format: AudioFormat | None = None  # None: no audio track
+    data: tuple[AudioPiece, ...] = ()  # the samples, in order; a stream may send them last
+
+
+@dataclass(frozen=True)
+class EncodeSpec:
+    """A whole-video encode, or the header of a stream (then `video.ranges` is empty)."""
+
+    client_token: str
+    request_id: str
+    video: VideoRequest
+    codec: CodecSpec = field(default_factory=CodecSpec)
+    output: OutputRequest = field(default_factory=OutputRequest)
+    audio: AudioRequest = field(default_factory=AudioRequest)
+    next_lease_bytes: int = 0  # lease this much for the client's next request when done
+    data_in_result: bool = False  # a one-chunk bytes output may travel in the result
+    data_in_lease: bool = False  # a larger one, in a lease granted to the client
+    one_reply: bool = False  # EncodeOnce: the result is the only reply, output inside it
+    # One reply on the framed socket: an output past 1 MiB goes back in a lease, and with
+    # no lease to go back in inside the reply up to this many bytes (0: a gRPC reply,
+    # which takes up to 7 MiB inside, and no more).
+    reply_data_max: int = 0
+    data_in_next_lease: bool = False  # an output may go back in the next request's lease
+    landed_count_offset: int = 0  # frames still landing, counted there (see landing)
+
+
+@dataclass(frozen=True)
+class LeaseChunk:
+    """Stream chunk: frames in a lease."""
+
+    range: FrameRangeSpec
+
+
+@dataclass(frozen=True)
+class InlineChunk:
+    """Stream chunk: frame bytes sent inline."""
+
+    data: bytes
+
+
+@dataclass(frozen=True)
+class StreamEnd:
+    audio_data: tuple[AudioPiece, ...] = ()
+    next_lease_bytes: int = 0
+
+
+StreamMessage = LeaseChunk | InlineChunk | StreamEnd
+
+
+@dataclass(frozen=True)
+class Result:
+    request_id: str
+    path: str
+    size_bytes: int
+    frames: int
+    duration_s: float
+    codec: str
+    container: str
+    width: int
+    height: int
+    audio_samples: int
+    timings_ms: dict[str, float]
+    next_lease: Lease | None = None
+    data: bytes = b""  # the whole output, when it travels in the result
+    data_lease: Lease | None = None  # or the lease it is in, now the client's
+    # Work for once the client has its answer (opening the next encoder for spaced-out
+    # traffic, which holds the GIL for milliseconds).
+    after: Callable[[], None] | None = None
+
+
+Event = Progress | Chunk | Result

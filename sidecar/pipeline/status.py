@@ -1,0 +1,64 @@
+"""What the daemon reports about itself: the Attach answer, counters and the status."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from ..codec.frames import Limits
+from ..pool.lease_queue import QueueStats, WaiterView
+from ..pool.leases import PoolUsage
+from ..pool.shm import Slab
+from ..vocabulary import Reason
+
+
+@dataclass(frozen=True)
+class Attachment:
+    client_token: str
+    instance_id: str
+    shm_dir: str
+    slabs: list[Slab]
+    limits: Limits
+    alignment: int
+    slab_size: int
+    lease_ttl: float
+    max_lease_wait: float
+
+
+@dataclass
+class Stats:
+    requests: int = 0
+    encodes_ok: int = 0
+    encodes_failed: int = 0
+    frames_encoded: int = 0
+    bytes_out: int = 0
+    errors: Counter[Reason] = field(default_factory=Counter)
+
+    def record_success(self, frames: int, size_bytes: int) -> None:
+        self.encodes_ok += 1
+        self.frames_encoded += frames
+        self.bytes_out += size_bytes
+
+    def record_error(self, reason: Reason) -> None:
+        self.errors[reason] += 1
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    version: str
+    instance_id: str
+    uptime_s: float
+    pool: PoolUsage
+    active_encodes: int
+    queued_encodes: int
+    max_concurrent_encodes: int
+    clients: int
+    stats: Stats
+    leases_granted: int
+    leases_expired: int
+    encoder_processes: int = 0
+    warm_hits: int = 0
+    warm_misses: int = 0
+    process_encodes: int = 0
+    lease_waiters: list[WaiterView] = field(default_factory=list)
+    lease_queue: QueueStats = field(default_factory=QueueStats)

@@ -1,0 +1,310 @@
+"""The command line's argument parser: commands, their options and help, and the small
+value types the options take. `cli` runs the commands."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from .. import __version__
+from ..config import Config
+from ..config_values import SHM_PREFIX, SHM_PREFIX_RULE
+from ..vocabulary import default_socket
+
+BOOLEAN_FLAGS_NOTE = (
+    "Boolean settings are bare flags with a --no- form (--insecure, --no-insecure); the "
+    "older --insecure true|false (also yes/no, 1/0) is still accepted. Environment "
+    "variables take true/false, yes/no or 1/0; the config file takes TOML true/false. "
+    "Precedence: flag > environment > config file > default."
+)
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Appends `[default: ...]`, as the settings' help has it, where a default says
+    something: not for None, False or '', nor where the help already names it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if (
+            not text
+            or "[default:" in text
+            or "%(default)" in text
+            or action.default in (None, False, "")
+            or action.default is argparse.SUPPRESS
+            or not action.option_strings
+        ):
+            return action.help
+        return text + " [default: %(default)s]"
+
+
+class ValueRange:
+    """`--value-range LOW,HIGH`: the type of that flag, as a value argparse can show."""
+
+    def __init__(self, text: str) -> None:
+        try:
+            low, high = (float(part) for part in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not LOW,HIGH (e.g. 0,1 or -1,1)"
+            ) from None
+        if not low < high:
+            raise argparse.ArgumentTypeError(f"{text!r}: LOW must be below HIGH")
+        self.low, self.high = low, high
+
+    def __str__(self) -> str:
+        return f"{self.low:g},{self.high:g}"
+
+
+# Flags whose value may begin with '-': argparse would take `-1,1` for an option.
+NEGATIVE_VALUE_FLAGS = ("--value-range",)
+_NUMBERISH = re.compile(r"^-[\d.]")
+
+
+def join_negative_values(argv: Sequence[str]) -> list[str]:
+    """`--value-range -1,1` -> `--value-range=-1,1`, so both spellings work."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            out += argv[i:]
+            break
+        if token in NEGATIVE_VALUE_FLAGS and i + 1 < len(argv) and _NUMBERISH.match(argv[i + 1]):
+            out.append(f"{token}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(token)
+        i += 1
+    return out
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < float("inf"):  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def _socket_help() -> str:
+    shown = default_socket().replace("%", "%%")
+    return (
+        f"the daemon's Unix socket, or HOST:PORT for one on TCP [default: {shown}; "
+        f"env {Config.env_name('socket')}]"
+    )
+
+
+def _address(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("must name a socket path or HOST:PORT, got ''")
+    return text
+
+
+def _add_socket(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--socket", metavar="PATH", type=_address, help=_socket_help())
+
+
+def _shm_prefix(text: str) -> str:
+    if text and not re.fullmatch(SHM_PREFIX, text):
+        raise argparse.ArgumentTypeError(SHM_PREFIX_RULE.removeprefix("shm_prefix "))
+    return text
+
+
+def _add_shm_prefix(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--shm-prefix",
+        default="",
+        metavar="NAME",
+        type=_shm_prefix,
+        help=(
+            "shm prefix for a daemon this command starts when none answers at --socket "
+            f"[default: {Config.env_name('shm_prefix')}, else video-sidecar-$UID for the "
+            "default socket and video-sidecar-$UID-<hash of the socket path> for any other]"
+        ),
+    )
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage mistake told in one line (the usage block is in --help)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="video-sidecar",
+        description="Video-output daemon for GPU generation servers.",
+        formatter_class=HelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"video-sidecar {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help: str, description: str = "", **kw: Any) -> argparse.ArgumentParser:
+        return commands.add_parser(
+            name,
+            help=help,
+            description=description or help,
+            formatter_class=HelpFormatter,
+            **kw,
+        )
+
+    serve = command(
+        "serve",
+        "run the daemon",
+        "Run the daemon; SIGTERM, SIGINT or SIGHUP shuts it down gracefully, a second one "
+        "forces it.",
+        epilog=BOOLEAN_FLAGS_NOTE,
+    )
+    Config.add_config_argument(serve)
+    Config.add_arguments(serve)
+
+    config = command(
+        "config",
+        "print the effective configuration, and where each value comes from",
+        epilog=BOOLEAN_FLAGS_NOTE,
+    )
+    Config.add_config_argument(config)
+    Config.add_arguments(config)
+    config.add_argument("--json", action="store_true", help="print JSON")
+
+    demo = command(
+        "demo",
+        "encode a generated video end to end (starts a daemon if needed)",
+        "Encode a generated test video through the real client and print each stage's time. "
+        "Starts a daemon for the run when none answers at --socket (its log goes to a file, "
+        "printed). The MP4 goes to demo/demo.mp4 under the daemon's output root, replaced on "
+        "every run, so runs do not pile up; --output names another file there.",
+    )
+    _add_socket(demo)
+    _add_shm_prefix(demo)
+    demo.add_argument("--frames", type=positive_int, default=122, help="number of frames")
+    demo.add_argument("--width", type=positive_int, default=1344, help="frame width in pixels")
+    demo.add_argument("--height", type=positive_int, default=768, help="frame height in pixels")
+    demo.add_argument("--fps", type=positive_float, default=24.0, help="frames per second")
+    demo.add_argument(
+        "-o",
+        "--output",
+        default="",
+        metavar="PATH",
+        help="file to write, relative to the daemon's output root; refused if it exists "
+        "unless --overwrite [default: demo/demo.mp4, replaced on every run]",
+    )
+    demo.add_argument(
+        "--overwrite", action="store_true", help="replace the --output file if it exists"
+    )
+
+    status = command("status", "show pool occupancy, encodes and counters")
+    _add_socket(status)
+    status.add_argument("--json", action="store_true", help="print JSON")
+    status.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=10.0,
+        help="seconds to wait for the daemon's answer",
+    )
+
+    health = command(
+        "health",
+        "exit 0 if the daemon answers SERVING (for probes and HEALTHCHECK)",
+        "Print the daemon's health (SERVING, NOT_SERVING) and exit 0 only for SERVING.",
+    )
+    _add_socket(health)
+    health.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=5.0,
+        help="seconds to wait for the daemon's answer",
+    )
+
+    encode = command(
+        "encode",
+        "encode a video file (.npy, .npz or torch .pt) to MP4 or WebM",
+        "Encode a video file through the daemon and write the result locally. Starts a "
+        "daemon for the command when none answers at --socket, and stops it afterwards.",
+    )
+    encode.add_argument(
+        "source",
+        metavar="FILE",
+        help="the video: .npy, .npz (one array, or the one named 'video' or 'frames') or a "
+        "torch .pt tensor (needs torch); frames as uint8 0..255, or float in --value-range",
+    )
+    encode.add_argument(
+        "-o",
+        "--output",
+        default="",
+        metavar="OUT",
+        help="local file to write; refused if it exists unless --overwrite "
+        "[default: FILE's name with .mp4 (.webm for --container webm), in this directory]",
+    )
+    encode.add_argument(
+        "--overwrite", action="store_true", help="replace the output file if it exists"
+    )
+    _add_socket(encode)
+    _add_shm_prefix(encode)
+    encode.add_argument("--fps", type=positive_float, default=24.0, help="frames per second")
+    encode.add_argument(
+        "--codec",
+        default="",
+        help="h264, h265, av1, or vp9 (webm only) [default: h264; vp9 in webm]",
+    )
+    encode.add_argument(
+        "--crf",
+        type=int,
+        help="quality: lower is better and larger [default: the codec's own: h264 18, "
+        "h265 20 (0..51); av1 30, vp9 32 (0..63)]",
+    )
+    encode.add_argument(
+        "--preset",
+        help="speed against size [default: the codec's fastest: h264/h265 ultrafast "
+        "(..., medium, slow, veryslow), av1 10 (-1..13), vp9 realtime (good, best)]",
+    )
+    encode.add_argument(
+        "--pixel-format",
+        metavar="FORMAT",
+        help="what travels to the daemon: rgb24 (default), yuv420p or nv12 (converted "
+        "here, half the bytes), bgr24, rgba, gray",
+    )
+    encode.add_argument(
+        "--layout",
+        help="axis order: THWC, TCHW, CTHW or BCTHW [default: guessed from the shape]",
+    )
+    encode.add_argument(
+        "--value-range",
+        type=ValueRange,
+        default="0,1",
+        metavar="LOW,HIGH",
+        help="range of float frames: 0,1 or -1,1 (`--value-range -1,1` and "
+        "`--value-range=-1,1` both work)",
+    )
+    encode.add_argument(
+        "--container",
+        choices=["mp4", "fmp4", "webm"],
+        help="mp4, fmp4 (fragmented MP4) or webm (VP9 and Opus) [default: webm for an "
+        "-o ending in .webm, else mp4]",
+    )
+    encode.add_argument(
+        "--audio",
+        default="",
+        metavar="PCM",
+        help="audio track to mux: .npy/.npz/.pt of (samples, channels) or (samples,), "
+        "float in -1..1 or int16; needs --sample-rate",
+    )
+    encode.add_argument(
+        "--sample-rate", type=int, metavar="HZ", help="sample rate of --audio, 8000..192000"
+    )
+    return parser
