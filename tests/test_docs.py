@@ -1,4 +1,4 @@
-"""The README documents every setting and the commands CI relies on."""
+"""The README and docs/ document every setting and the commands CI relies on."""
 
 from __future__ import annotations
 
@@ -8,16 +8,19 @@ from pathlib import Path
 
 from sidecar.config import Config
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+DOCS = {p.name: p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))}
+CONFIGURATION = DOCS["configuration.md"]
 CI = (Path(__file__).resolve().parent.parent / ".ci" / "run").read_text()
 
 
 def test_every_setting_is_in_the_configuration_table() -> None:
     for f in dataclasses.fields(Config):
-        assert Config.flag_name(f.name) in README, f.name
+        assert Config.flag_name(f.name) in CONFIGURATION, f.name
         env = Config.env_name(f.name)
         short = "_" + env.rsplit("_", 1)[1]  # "VIDEO_SIDECAR_TLS_CERT` / `_KEY"
-        assert env in README or f"/ `{short}`" in README, env
+        assert env in CONFIGURATION or f"/ `{short}`" in CONFIGURATION, env
 
 
 def test_ci_runs_the_readme_test_command() -> None:
@@ -39,7 +42,15 @@ def _expanded(pattern: str) -> list[str]:
 
 def test_every_recorded_result_the_readme_names_exists() -> None:
     root = Path(__file__).resolve().parent.parent
-    named = re.findall(r"`(bench/results/[^`\s]+)`", README)
-    assert named, "the README points at its recorded results"
+    named = [n for text in (README, *DOCS.values())
+             for n in re.findall(r"`(bench/results/[^`\s]+)`", text)]  # fmt: skip
+    assert named, "the README and docs point at their recorded results"
     missing = [n for p in named for n in _expanded(p) if not any(root.glob(n))]
     assert not missing, missing
+
+
+def test_the_readme_is_a_landing_page_whose_links_resolve() -> None:
+    assert len(README.splitlines()) <= 250
+    for text, base in ((README, ROOT), *((t, ROOT / "docs") for t in DOCS.values())):
+        for target in re.findall(r"\]\(([^)#:]+?)(?:#[^)]*)?\)", text):
+            assert (base / target).exists(), target
