@@ -1,7 +1,7 @@
 """Domain errors of the daemon.
 
 Each error is a plain exception that says what went wrong in the caller's terms. The
-servicer maps every class to one gRPC status code in one table (`servicer.STATUS_OF`);
+servicer maps every class to one gRPC status code in one table (`face.status_codes.STATUS_OF`);
 nothing below the servicer knows about gRPC.
 
     SidecarError

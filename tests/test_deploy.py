@@ -309,7 +309,7 @@ def free_port() -> int:
 def test_idle_daemon_exports_every_counter_series(make_daemon: Callable[..., Daemon]) -> None:
     """rate() needs a series before the first event: every code starts at 0."""
     pytest.importorskip("prometheus_client")
-    from sidecar.face.servicer import STATUS_OF
+    from sidecar.face.status_codes import STATUS_OF
 
     port = free_port()
     make_daemon(metrics=f"127.0.0.1:{port}")

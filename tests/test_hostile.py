@@ -388,7 +388,8 @@ def test_an_encode_stopped_by_its_calls_deadline_answers_deadline_exceeded() -> 
     import asyncio
 
     from sidecar.errors import Cancelled, DeadlinePassed, ShuttingDown
-    from sidecar.face.servicer import CallEnd, status_of
+    from sidecar.face.calls import CallEnd
+    from sidecar.face.status_codes import status_of
 
     async def main() -> None:
         with CallEnd(0.01) as timed:

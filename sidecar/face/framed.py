@@ -83,8 +83,9 @@ import grpc
 from ..api.v1 import sidecar_pb2 as pb
 from ..errors import InvalidRequest
 from ..vocabulary import FRAMED_PREAMBLES, FRAMED_REPLY_MAX_BYTES, MAX_MESSAGE_BYTES
+from .calls import CallEnd
 from .convert import Undecodable, decoder
-from .servicer import CallEnd, VideoSidecarServicer
+from .servicer import VideoSidecarServicer
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..errors import StartupError
-from .servicer import STATUS_OF, errors_by_code
+from .status_codes import STATUS_OF, errors_by_code
 
 if TYPE_CHECKING:
     from ..service import Sidecar

@@ -36,7 +36,8 @@ from ..service import Sidecar
 from ..vocabulary import MAX_MESSAGE_BYTES, runtime_dir
 from .framed import FramedServer
 from .metrics import Metrics
-from .servicer import VideoSidecarServicer, add_to_server
+from .registration import add_to_server
+from .servicer import VideoSidecarServicer
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,7 @@
 """The gRPC face of the daemon: proto in, domain call, proto out.
 
 Thin on purpose. Every domain error becomes a status code in exactly one place,
-`STATUS_OF`, and its reason (`vocabulary.Reason`) travels twice in the trailers: as
-`video-sidecar-error`, and as a google.rpc.Status holding an ErrorInfo (the standard rich
-error model), so clients can tell, say, an unknown token from a busy lease.
+`status_codes.STATUS_OF`; what a call's end means for its encodes is in `calls`.
 
 Requests are decoded by `add_to_server`'s own deserialisers: bytes that are not a valid
 message (or hold invalid UTF-8) become `Undecodable`, which each handler refuses with
@@ -19,28 +17,24 @@ import re
 import secrets
 import threading
 import time
-from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import wraps
 from typing import Any, TypeVar
 
 import grpc
-from google.protobuf import any_pb2, message_factory
-from google.rpc import error_details_pb2, status_pb2
-from grpc_status import rpc_status
 
 from ..api.v1 import sidecar_pb2 as pb
 from ..api.v1 import sidecar_pb2_grpc as pb_grpc
-from ..errors import Cancelled, DeadlinePassed, EncodeFailed, InvalidRequest, SidecarError
+from ..errors import Cancelled, EncodeFailed, InvalidRequest, SidecarError
 from ..events import Chunk, Progress
 from ..pipeline.requests import Result
 from ..pool.lease_queue import MAX_REGIONS
 from ..service import Sidecar
-from ..vocabulary import ERROR_DOMAIN, ERROR_KEY, FRAMED_VERSION, Reason
+from ..vocabulary import FRAMED_VERSION, Reason
+from .calls import CallEnd, Sessions, after_call, unless_cancelled
 from .convert import (
     Undecodable,
     attachment_to_proto,
-    decoder,
     encode_spec_from_proto,
     event_to_proto,
     leases_to_proto,
@@ -49,112 +43,11 @@ from .convert import (
     stream_messages,
     stream_spec_from_proto,
 )
+from .status_codes import error_trailers, errors_by_code, forget_frames, session_error, status_of
 
 log = logging.getLogger(__name__)
 
-# Every error's status code, in one place.
-STATUS_OF: dict[Reason, grpc.StatusCode] = {
-    Reason.INVALID_REQUEST: grpc.StatusCode.INVALID_ARGUMENT,
-    Reason.NOT_ATTACHED: grpc.StatusCode.FAILED_PRECONDITION,
-    Reason.LEASE_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    Reason.LEASE_BUSY: grpc.StatusCode.FAILED_PRECONDITION,
-    Reason.POOL_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    Reason.OUT_OF_RANGE: grpc.StatusCode.OUT_OF_RANGE,
-    Reason.OUTPUT_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
-    Reason.OUTPUT_ERROR: grpc.StatusCode.FAILED_PRECONDITION,
-    Reason.DISK_FULL: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    Reason.ENCODE_FAILED: grpc.StatusCode.INTERNAL,
-    Reason.CANCELLED: grpc.StatusCode.CANCELLED,
-    Reason.SHUTTING_DOWN: grpc.StatusCode.UNAVAILABLE,
-    Reason.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
-}
-
 _REQUEST_ID_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
-
-
-def status_of(exc: SidecarError) -> grpc.StatusCode:
-    return STATUS_OF[exc.reason]
-
-
-def forget_frames(exc: BaseException) -> None:
-    """Let go of what an answered error holds. Its traceback's frames hold the request
-    (hundreds of MiB decoded, for a message of a few) and the error itself, in a cycle
-    that only a full collection breaks, which an idle daemon almost never runs."""
-    seen: set[int] = set()
-    link: BaseException | None = exc
-    while link is not None and id(link) not in seen:
-        seen.add(id(link))
-        following = link.__context__ or link.__cause__
-        link.__traceback__ = link.__context__ = link.__cause__ = None
-        link = following
-
-
-def errors_by_code(errors: Mapping[Reason, int]) -> dict[str, int]:
-    counts: Counter[str] = Counter()
-    for reason, count in errors.items():
-        counts[STATUS_OF[reason].name] += count
-    return dict(counts)
-
-
-def error_trailers(exc: SidecarError, code: grpc.StatusCode) -> tuple[tuple[str, Any], ...]:
-    """The error's reason as our own key and as a google.rpc.Status with an ErrorInfo."""
-    info = error_details_pb2.ErrorInfo(reason=exc.reason.value, domain=ERROR_DOMAIN)
-    if exc.field:
-        info.metadata["field"] = exc.field
-    detail = any_pb2.Any()
-    detail.Pack(info)
-    rich = status_pb2.Status(code=code.value[0], message=str(exc), details=[detail])
-    return ((ERROR_KEY, exc.reason.value), *rpc_status.to_status(rich).trailing_metadata)
-
-
-def add_to_server(servicer: VideoSidecarServicer, server: grpc.aio.Server) -> None:
-    """Register the service, decoding every request with `convert.decoder`."""
-    service = pb.DESCRIPTOR.services_by_name["VideoSidecar"]
-    handlers = {}
-    for method in service.methods:
-        kind = {
-            (False, False): grpc.unary_unary_rpc_method_handler,
-            (False, True): grpc.unary_stream_rpc_method_handler,
-            (True, True): grpc.stream_stream_rpc_method_handler,
-        }[(method.client_streaming, method.server_streaming)]
-        handlers[method.name] = kind(
-            _unretained(getattr(servicer, method.name), method.server_streaming),
-            request_deserializer=decoder(message_factory.GetMessageClass(method.input_type)),
-            response_serializer=lambda m: m.SerializeToString(),
-        )
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(service.full_name, handlers),)
-    )
-
-
-def _unretained(handler: Callable[..., Any], streaming: bool) -> Callable[..., Any]:
-    """`handler`, so that no error it ends with keeps its request alive: gRPC keeps an
-    abort's error with the call, whose context the handler's frames hold, and those
-    frames hold the request, a cycle only a full collection would break."""
-    if streaming:
-
-        async def replies(request: Any, context: Any) -> AsyncIterator[Any]:
-            answers = handler(request, context)
-            del request
-            try:
-                async for answer in answers:
-                    yield answer
-            except BaseException as exc:
-                forget_frames(exc)
-                raise
-
-        return replies
-
-    async def reply(request: Any, context: Any) -> Any:
-        answer = handler(request, context)
-        del request
-        try:
-            return await answer
-        except BaseException as exc:
-            forget_frames(exc)
-            raise
-
-    return reply
 
 
 H = TypeVar("H", bound=Callable[..., Awaitable[Any]])
@@ -182,7 +75,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
     def __init__(self, sidecar: Sidecar, observer: Observer | None = None) -> None:
         self.sidecar = sidecar
         self.observer = observer  # e.g. Prometheus metrics
-        self._sessions = _Sessions()
+        self._sessions = Sessions()
         self.framed_socket = ""  # the framed socket's file name, once it listens
 
     async def _fail(self, context: grpc.aio.ServicerContext, exc: SidecarError) -> None:
@@ -245,7 +138,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         with CallEnd.of(context) as end:
             try:
                 async for event in self._relay(
-                    request_id, received_at, end, events, _after_call(context)
+                    request_id, received_at, end, events, after_call(context)
                 ):
                     if isinstance(event, Result):  # progress is not sent: the result is the reply
                         result = result_to_proto(event)
@@ -366,7 +259,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         self, requests: AsyncIterator[pb.StreamRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.EncodeEvent]:
         received_at = time.perf_counter()
-        requests = _unless_cancelled(requests, context)
+        requests = unless_cancelled(requests, context)
         try:
             first = await anext(requests, None)
         except Cancelled:  # before its header: nothing to answer, log or count
@@ -401,7 +294,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         with CallEnd.of(context) as end:
             try:
                 async for event in self._relay(
-                    request_id, received_at, end, events, _after_call(context)
+                    request_id, received_at, end, events, after_call(context)
                 ):
                     yield event_to_proto(event)
             except SidecarError as exc:
@@ -491,132 +384,8 @@ def _request_id(given: str) -> str:
     return given if _REQUEST_ID_RE.match(given) else secrets.token_hex(8)
 
 
-async def _unless_cancelled(
-    requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
-) -> AsyncIterator[Any]:
-    """A call's requests. gRPC may end them, as at the client's half-close, when the
-    client cancels the call, and mark the call cancelled only a little later: that is a
-    cancel, not a stream missing its header or end, so the end waits up to 0.1 s to tell
-    which. (A stream that ends properly is not read past its end message.)"""
-    async for request in requests:
-        yield request
-    for _ in range(20):
-        if context.cancelled() or context.done():
-            raise Cancelled("cancelled by the client")
-        await asyncio.sleep(0.005)
-
-
-def _after_call(context: grpc.aio.ServicerContext) -> Callable[[Callable[[], None]], None]:
-    """Runs an action once the RPC has ended."""
-    return lambda action: context.add_done_callback(lambda _context: action())
-
-
 def check_request_id(given: str) -> None:
     if given and not _REQUEST_ID_RE.match(given):
         raise InvalidRequest(
             "request_id", "must be 1-128 printable ASCII characters without spaces, or empty"
         )
-
-
-def session_error(exc: SidecarError) -> pb.SessionError:
-    """What `_fail` would send as the call's status, as an EncodeSession reply."""
-    return pb.SessionError(
-        code=status_of(exc).value[0],
-        message=str(exc),
-        reason=exc.reason.proto,
-        field=exc.field,
-    )
-
-
-DEADLINE_MARGIN_S = 0.05
-
-
-class CallEnd:
-    """Stops a call's encodes when the call ends early (the client gone, its deadline
-    passed). Each encode gets an event of its own, as a job sets its event to stop its own
-    parts when it fails: a kept session's next request must not find it set."""
-
-    def __init__(self, remaining: float | None = None) -> None:
-        self.ended = False
-        self._current: threading.Event | None = None
-        loop = asyncio.get_running_loop()
-        # When the call's deadline falls, on the loop's clock (None: no deadline).
-        self._deadline_at = None if remaining is None else loop.time() + max(0.0, remaining)
-        self._deadline = (
-            None if self._deadline_at is None else loop.call_at(self._deadline_at, self.end)
-        )
-
-    @classmethod
-    def of(cls, context: grpc.aio.ServicerContext) -> CallEnd:
-        """Ended by the gRPC call's end or its deadline."""
-        end = cls(context.time_remaining())
-        context.add_done_callback(lambda _context: end.end())
-        return end
-
-    def event(self) -> threading.Event:
-        """The next encode's stop event; already set once the call has ended."""
-        self._current = threading.Event()
-        if self.ended:
-            self._current.set()
-        return self._current
-
-    def end(self) -> None:
-        self.ended = True
-        if self._current is not None:
-            self._current.set()
-
-    def why(self, exc: SidecarError) -> SidecarError:
-        """The error to answer, log and count with: a stop the call's deadline caused says
-        so, whether this timer or gRPC ended the call for it. (The daemon's timer may fire
-        before the client's: the client should see its deadline, not a cancel it never
-        made.)"""
-        # The client's clock runs its deadline out first, by the time the request took to
-        # get here: its cancel within that margin is the deadline's.
-        passed = (
-            self._deadline_at is not None
-            and asyncio.get_running_loop().time() >= self._deadline_at - DEADLINE_MARGIN_S
-        )
-        if passed and type(exc) is Cancelled:
-            return DeadlinePassed("the call's deadline passed before the encode finished")
-        return exc
-
-    def __enter__(self) -> CallEnd:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-
-
-class _Sessions:
-    """The EncodeSession calls between requests, so that shutdown can end them at once
-    instead of waiting out gRPC's grace for calls that will send nothing more."""
-
-    def __init__(self) -> None:
-        self._idle: set[asyncio.Task[Any]] = set()
-        self._ending = False
-
-    async def requests(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        """A session's requests, until the client ends them or the daemon shuts down."""
-        task = asyncio.current_task()
-        assert task is not None
-        pending = aiter(requests)
-        while not self._ending:
-            self._idle.add(task)
-            try:
-                request = await anext(pending)
-            except StopAsyncIteration:
-                return
-            except asyncio.CancelledError:
-                if not self._ending:
-                    raise
-                task.uncancel()  # our own cancel, from end(): the session ends cleanly
-                return
-            finally:
-                self._idle.discard(task)
-            yield request
-
-    def end(self) -> None:
-        self._ending = True
-        for task in self._idle:
-            task.cancel()

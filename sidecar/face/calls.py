@@ -1,0 +1,126 @@
+"""What a call's end means for its encodes, and the kept sessions shutdown ends."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+
+from ..errors import Cancelled, DeadlinePassed, SidecarError
+
+
+async def unless_cancelled(
+    requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
+) -> AsyncIterator[Any]:
+    """A call's requests. gRPC may end them, as at the client's half-close, when the
+    client cancels the call, and mark the call cancelled only a little later: that is a
+    cancel, not a stream missing its header or end, so the end waits up to 0.1 s to tell
+    which. (A stream that ends properly is not read past its end message.)"""
+    async for request in requests:
+        yield request
+    for _ in range(20):
+        if context.cancelled() or context.done():
+            raise Cancelled("cancelled by the client")
+        await asyncio.sleep(0.005)
+
+
+def after_call(context: grpc.aio.ServicerContext) -> Callable[[Callable[[], None]], None]:
+    """Runs an action once the RPC has ended."""
+    return lambda action: context.add_done_callback(lambda _context: action())
+
+
+DEADLINE_MARGIN_S = 0.05
+
+
+class CallEnd:
+    """Stops a call's encodes when the call ends early (the client gone, its deadline
+    passed). Each encode gets an event of its own, as a job sets its event to stop its own
+    parts when it fails: a kept session's next request must not find it set."""
+
+    def __init__(self, remaining: float | None = None) -> None:
+        self.ended = False
+        self._current: threading.Event | None = None
+        loop = asyncio.get_running_loop()
+        # When the call's deadline falls, on the loop's clock (None: no deadline).
+        self._deadline_at = None if remaining is None else loop.time() + max(0.0, remaining)
+        self._deadline = (
+            None if self._deadline_at is None else loop.call_at(self._deadline_at, self.end)
+        )
+
+    @classmethod
+    def of(cls, context: grpc.aio.ServicerContext) -> CallEnd:
+        """Ended by the gRPC call's end or its deadline."""
+        end = cls(context.time_remaining())
+        context.add_done_callback(lambda _context: end.end())
+        return end
+
+    def event(self) -> threading.Event:
+        """The next encode's stop event; already set once the call has ended."""
+        self._current = threading.Event()
+        if self.ended:
+            self._current.set()
+        return self._current
+
+    def end(self) -> None:
+        self.ended = True
+        if self._current is not None:
+            self._current.set()
+
+    def why(self, exc: SidecarError) -> SidecarError:
+        """The error to answer, log and count with: a stop the call's deadline caused says
+        so, whether this timer or gRPC ended the call for it. (The daemon's timer may fire
+        before the client's: the client should see its deadline, not a cancel it never
+        made.)"""
+        # The client's clock runs its deadline out first, by the time the request took to
+        # get here: its cancel within that margin is the deadline's.
+        passed = (
+            self._deadline_at is not None
+            and asyncio.get_running_loop().time() >= self._deadline_at - DEADLINE_MARGIN_S
+        )
+        if passed and type(exc) is Cancelled:
+            return DeadlinePassed("the call's deadline passed before the encode finished")
+        return exc
+
+    def __enter__(self) -> CallEnd:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+
+
+class Sessions:
+    """The EncodeSession calls between requests, so that shutdown can end them at once
+    instead of waiting out gRPC's grace for calls that will send nothing more."""
+
+    def __init__(self) -> None:
+        self._idle: set[asyncio.Task[Any]] = set()
+        self._ending = False
+
+    async def requests(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        """A session's requests, until the client ends them or the daemon shuts down."""
+        task = asyncio.current_task()
+        assert task is not None
+        pending = aiter(requests)
+        while not self._ending:
+            self._idle.add(task)
+            try:
+                request = await anext(pending)
+            except StopAsyncIteration:
+                return
+            except asyncio.CancelledError:
+                if not self._ending:
+                    raise
+                task.uncancel()  # our own cancel, from end(): the session ends cleanly
+                return
+            finally:
+                self._idle.discard(task)
+            yield request
+
+    def end(self) -> None:
+        self._ending = True
+        for task in self._idle:
+            task.cancel()
