@@ -1,14 +1,8 @@
 """The daemon's domain layer: attach, lease, release, encode, status. No gRPC here.
 
-`Sidecar` wires the parts together and owns their lifecycle:
-
-- `SlabSet` (shm) and `LeaseTable` (leases): the memory and who holds which region;
-- `Clients`: the tokens handed out by Attach;
-- `Planner`: a request checked completely, then its leases taken all or nothing;
-- `StreamIntake`: a stream's chunks, checked and queued one by one;
-- `Scheduler`: encoder slots, the thread pool and the thread policy;
-- `EncodeJob` (jobs): one encode, run to completion on an encoder thread;
-- `WarmPool` (warm): encoders opened ahead of time for the shapes just served.
+`Sidecar` wires the rooms below together and owns their lifecycle: the pool (slabs,
+leases, the queue for room, clients), the pipeline (planner, stream intake, scheduler,
+jobs, encoder processes, ready encoders, the output's way back).
 """
 
 from __future__ import annotations
@@ -23,7 +17,6 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 from . import __version__
 from .codec.codec_options import CostCeiling
@@ -38,11 +31,13 @@ from .errors import (
     StartupError,
 )
 from .events import Chunk, Progress
+from .pipeline.handback import CHUNK_SIZE, OutputHandBack
 from .pipeline.intake import StreamIntake
 from .pipeline.jobs import EncodeJob
 from .pipeline.planner import Accepted, Planner
 from .pipeline.plans import EncodeOutcome
 from .pipeline.processes import EncoderProcesses
+from .pipeline.relay import relay
 from .pipeline.requests import EncodeSpec, Event, Result, StreamMessage
 from .pipeline.scheduler import Scheduler
 from .pipeline.status import Attachment, Stats, StatusReport
@@ -50,16 +45,11 @@ from .pipeline.warm import WarmPool, first_encode
 from .pool.clients import Clients
 from .pool.lease_queue import MAX_REGIONS, LeaseQueue
 from .pool.leases import Lease, LeaseTable, check_tag
+from .pool.reaper import reap_expired
 from .pool.shm import SlabSet
-from .vocabulary import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
-CHUNK_SIZE = 1024 * 1024  # bytes outputs travel in pieces well under gRPC's 4 MiB limit
-# Outputs over this go back in the client's next lease when it asks (data_in_next_lease).
-NEXT_LEASE_DATA_MIN = 64 * 1024
-# An EncodeOnce result's own bytes: one message, with room left for its other fields.
-ONE_REPLY_DATA_MAX = MAX_MESSAGE_BYTES - 1024 * 1024
 # A request that ends this soon after its client's lease was refused ended for that.
 REFUSAL_NOTE_S = 5.0
 
@@ -80,6 +70,7 @@ class Sidecar:
             config.slabs, config.slab_size, alignment=config.slab_alignment, ttl=config.lease_ttl
         )
         self.queue = LeaseQueue(self.leases, config.max_lease_wait)
+        self.handback = OutputHandBack(self.leases, self.slabset, self.queue)
         self.output_root = Path(config.output_dir)
         self.clients = Clients()
         ceiling = CostCeiling(config.max_preset, config.max_lookahead)
@@ -111,7 +102,9 @@ class Sidecar:
         self.warm.start()
         self.processes.start([str(slab.path) for slab in self.slabset.slabs])
         await asyncio.to_thread(first_encode)  # while the processes start: none in a request
-        self._reaper = asyncio.create_task(self._reap_expired(), name="lease-reaper")
+        self._reaper = asyncio.create_task(
+            reap_expired(self.leases, self._alive, self.config.lease_ttl), name="lease-reaper"
+        )
         self._accepting = True
 
     def _prepare_output_root(self) -> None:
@@ -207,28 +200,14 @@ class Sidecar:
         else:
             self.leases.release(token, lease_id)
 
+    def _alive(self) -> set[str]:
+        """Tokens waiting on their own encode, or in the queue for room: not silent."""
+        return {*self._working, *self._waiting}
+
     def _seen(self, token: str) -> None:
         """A call from `token`: it must be attached, and its leases stay alive."""
         self.clients.check(token)
         self.leases.renew(token)
-
-    async def _reap_expired(self) -> None:
-        interval = min(1.0, self.config.lease_ttl / 4)
-        while True:
-            await asyncio.sleep(interval)
-            # Waiting on its own encode, or in the queue for room, is not silence.
-            for token in {*self._working, *self._waiting}:
-                self.leases.renew(token)
-            expired = self.leases.expire()
-            spares = sum(lease.spare for lease in expired)
-            if spares:  # a spare the client never came back for: normal
-                log.debug("reclaimed %d unused spare leases", spares)
-            if len(expired) > spares:
-                log.warning(
-                    "reclaimed %d expired leases (clients gone or silent for %.0fs)",
-                    len(expired) - spares,
-                    self.config.lease_ttl,
-                )
 
     # -- encoding ------------------------------------------------------------------------
 
@@ -299,11 +278,13 @@ class Sidecar:
         token = accepted.spec.client_token
         self._working[token] += 1
         try:
-            async for event in _relay(events, runner, reader):
+            async for event in relay(events, runner, reader):
                 yield event
             outcome = runner.result()
             spec = accepted.spec
-            inline, data_lease, in_next = await self._hand_back(spec, outcome, reader is None)
+            inline, data_lease, in_next = await self.handback.hand_back(
+                spec, outcome, reader is None
+            )
             if not inline and data_lease is None:
                 for offset, data in outcome.read_chunks(CHUNK_SIZE):
                     yield Chunk(offset, data)
@@ -340,63 +321,6 @@ class Sidecar:
             while len(self.left_for_room) >= 1024:  # read at once; bounded all the same
                 del self.left_for_room[next(iter(self.left_for_room))]
             self.left_for_room[request_id] = why
-
-    async def _hand_back(
-        self, spec: EncodeSpec, outcome: EncodeOutcome, whole: bool
-    ) -> tuple[bytes, Lease | None, bool]:
-        """How a bytes output goes back with the result: inside it, or in a lease granted
-        to the client (True: the one for its next request, `whole` encodes only); neither
-        means chunks before it (or nothing to send)."""
-        if not outcome.unsent:
-            return b"", None, False
-        token = spec.client_token
-        # No spare while others wait for room: it would jump the queue.
-        if whole and _in_next_lease(spec, outcome) and not self.queue.waiting:
-            # The client's next frames go in the same lease, once it has the output.
-            lease = await self._in_lease(token, outcome, spec.next_lease_bytes, spare=True)
-            if lease is not None:
-                return b"", lease, True
-        if outcome.size_bytes <= _inline_max(spec):
-            return outcome.read_all(), None, False
-        if spec.data_in_lease or spec.one_reply:
-            lease = await self._in_lease(token, outcome)
-            if lease is not None:
-                return b"", lease, False
-            if spec.one_reply:
-                if outcome.size_bytes <= spec.reply_data_max:
-                    return outcome.read_all(), None, False  # the framed socket takes it
-                raise PoolExhausted(
-                    f"the output ({outcome.size_bytes} bytes) is too large for one reply "
-                    "and no lease has room for it; use Encode for outputs this large"
-                )
-        return b"", None, False
-
-    async def _in_lease(
-        self, token: str, outcome: EncodeOutcome, size: int = 0, *, spare: bool = False
-    ) -> Lease | None:
-        """A lease for `token` (of `size` bytes, else the output's) holding the bytes output
-        at its start, or None (no room: send it another way)."""
-        try:
-            lease = self.leases.grant(token, size or outcome.size_bytes, spare=spare, in_reply=True)
-        except OutOfRange:  # larger than a slab
-            return None
-        if lease is None:
-            return None
-        region = self.slabset.slabs[lease.slab_id].array[lease.offset : lease.offset + lease.size]
-        if outcome.size_bytes <= CHUNK_SIZE:  # a small clip's: quicker than a thread hop
-            outcome.copy_into(region)
-            return lease
-        # Off the event loop: a long video's output is tens of megabytes.
-        copy = asyncio.ensure_future(asyncio.to_thread(outcome.copy_into, region))
-        try:
-            await asyncio.shield(copy)
-        except BaseException:
-            # Never free a region a thread still writes into (the client went away).
-            with contextlib.suppress(BaseException):
-                await copy
-            self.leases.free([lease])
-            raise
-        return lease
 
     def _result(
         self,
@@ -472,47 +396,6 @@ class Sidecar:
     def _check_accepting(self) -> None:
         if not self._accepting:
             raise ShuttingDown("the daemon is shutting down")
-
-
-async def _relay(
-    events: asyncio.Queue[Progress | Chunk],
-    runner: asyncio.Task[EncodeOutcome],
-    reader: asyncio.Task[int] | None,
-) -> AsyncIterator[Progress | Chunk]:
-    """The job's events in order until it ends; a failed stream reader fails the request."""
-    watch: set[asyncio.Future[Any]] = {runner} if reader is None else {runner, reader}
-    while not runner.done():
-        getter = asyncio.ensure_future(events.get())
-        try:
-            done, _ = await asyncio.wait({getter, *watch}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not getter.done():
-                getter.cancel()
-        if getter.done() and not getter.cancelled():
-            yield getter.result()
-        if reader is not None and reader in done:
-            watch.discard(reader)
-            error = reader.exception()
-            if error is not None:
-                raise error
-    while not events.empty():
-        yield events.get_nowait()
-
-
-def _in_next_lease(spec: EncodeSpec, outcome: EncodeOutcome) -> bool:
-    """Whether the output goes back in the lease the client's next frames will use: an
-    output too small is quicker inside the result."""
-    fits = NEXT_LEASE_DATA_MIN < outcome.size_bytes <= spec.next_lease_bytes
-    return spec.data_in_next_lease and fits
-
-
-def _inline_max(spec: EncodeSpec) -> int:
-    """The largest bytes output that travels inside the result (-1: none does). A
-    framed reply (`reply_data_max`) takes more only when no lease has room: copied into a
-    lease and out, a 2.9 MB output reached the client sooner than inside the reply."""
-    if spec.one_reply and not spec.reply_data_max:
-        return ONE_REPLY_DATA_MAX
-    return CHUNK_SIZE if spec.data_in_result or spec.one_reply else -1
 
 
 __all__ = ["Attachment", "Sidecar", "StatusReport"]
