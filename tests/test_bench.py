@@ -91,22 +91,23 @@ def test_the_traffic_suite_counts_failed_requests_and_keeps_going(
     monkeypatch.setattr(traffic, "BURST_CLIENTS", 2)  # plans are made in this process
     monkeypatch.setattr(traffic, "STEADY_REQUESTS", 1)
     out = tmp_path / "traffic.json"
+    patterns = ("mixed_default_pool", "mixed_small_pool", "bursts_after_idle", "first_after_start")
     argv = ["--suite", "traffic", "--clients", "2", "--workers", "2", "--requests", "4",
-            "--idle", "1", "--waves", "2"]  # fmt: skip
+            "--idle", "1", "--waves", "2", "--patterns", ",".join(patterns)]  # fmt: skip
     assert main([*argv, "--json", str(out)]) == 0
     payload = json.loads(out.read_text())
     rows = {(r["extra"]["pattern"], r["variant"]): r for r in payload["rows"]}
-    assert set(rows) == {(p, v) for p in traffic.PATTERNS for v in traffic.SIDES}
+    assert set(rows) == {(p, v) for p in patterns for v in traffic.SIDES}
     for (pattern, variant), row in rows.items():
         x = row["extra"]
         assert row["suite"] == "traffic" and row["content"] == "smooth"
-        sent = 2 * (1 + 2) if pattern == "bursts_after_idle" else 2 * 4
+        sent = {"bursts_after_idle": 2 * (1 + 2), "first_after_start": 2 * (1 + 1)}.get(pattern, 8)
         assert x["requests"] == sent == len([e for e in x["log"] if e[2] != "warmup"])
         assert x["requests"] == x["ok"] + x["failed"] + x["skipped"] and x["skipped"] == 0
         assert sum(k["requests"] for k in x["by_kind"].values()) == x["requests"]
         assert x["failed"] == len([e for e in x["log"] if e[2] != "warmup" and not e[4]])
         assert all(k["psnr_db"] is None or k["psnr_db"] > 35 for k in x["by_kind"].values())
-        if variant == "upstream_a" or pattern == "bursts_after_idle":
+        if variant == "upstream_a" or pattern in ("bursts_after_idle", "first_after_start"):
             assert x["failed"] == 0 and x["p50_ms"] > 0 and x["p99_ms"] >= x["p50_ms"]
     # The small pool (4x8MiB) may fail requests while the daemon's hold-and-wait is open.
     assert rows["mixed_small_pool", "sidecar"]["extra"]["pool"] == "4x8MiB"
@@ -118,6 +119,9 @@ def test_the_traffic_suite_counts_failed_requests_and_keeps_going(
     burst = rows["bursts_after_idle", "sidecar"]["extra"]
     assert burst["idle_s"] == 1 and [w["wave"] for w in burst["waves"]] == [1, 2]
     assert burst["first_wave_vs_upstream_a"] > 0 and burst["steady_p50_ms"] > 0
+    first = rows["first_after_start", "sidecar"]["extra"]["first_vs_steady"]
+    assert set(first) == {"448x256x4 encode", "448x256x48 encode"}
+    assert all(f["first_ms"] > 0 and f["ratio"] > 0 for f in first.values())
     assert payload["meta"]["traffic"]["log_fields"][:3] == ["worker", "client", "stage"]
     text = capsys.readouterr().out
     assert "| smooth | mixed_default_pool |" in text and "| 2 | 8 | 4 | 0 |" in text

@@ -596,8 +596,9 @@ def test_raw_bytes(daemon: Daemon, stub, method: str, data) -> None:  # type: ig
                 code = grpc.StatusCode.OK
             except grpc.RpcError as err:
                 code = err.code()
-            else:
-                call(s.Release, pb.ReleaseRequest(client_token=token, lease_id=granted.lease_id))
+            else:  # every region it granted, `more` too
+                for region in (granted, *granted.more):
+                    call(s.Release, pb.ReleaseRequest(client_token=token, lease_id=region.lease_id))
         elif method.startswith("Encode"):
             code = grpc.StatusCode.OK
             try:
@@ -830,7 +831,8 @@ def test_raw_framed_bytes(daemon: Daemon, stub, data) -> None:  # type: ignore[n
                 )
                 granted = [reply.result.next_lease.lease_id, reply.result.data_lease.lease_id]
                 if preamble == b"VSF2":
-                    granted.append(reply.lease.lease_id)  # a lease request that got through
+                    # A lease request that got through: every region it granted.
+                    granted += [r.lease_id for r in (reply.lease, *reply.lease.more)]
                 for spare in filter(None, granted):
                     call(s.Release, pb.ReleaseRequest(client_token=token, lease_id=spare))
             if ends:
