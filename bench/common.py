@@ -22,7 +22,6 @@ import numpy as np
 from client.patterns import moving_pattern
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
 
 # The upstream ablation shapes, W x H x frames.
 SHAPES = ["448x256x4", "672x384x4", "1344x768x1", "448x256x16", "1344x768x122", "1344x768x362"]

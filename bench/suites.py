@@ -25,7 +25,6 @@ from sidecar.tools.launcher import DaemonProcess
 from .common import (
     CONCURRENT_WARMUP_S,
     PATTERNS,
-    SHAPES,
     Device,
     Row,
     parse_shape,
@@ -667,6 +666,3 @@ class TreeMemory:
             "idle": idle,
         }
         return row
-
-
-ALL_SHAPES = SHAPES

@@ -235,8 +235,8 @@ class ClientCore:
     def _unary(
         self, method: str, request: pb.LeaseRequest | pb.ReleaseRequest, timeout: float
     ) -> Steps[Any]:
-        """A Lease or Release: on the framed socket while there is one (about 0.15 ms, a
-        unary gRPC call 1.1-1.5 ms on the H200 host), else as the gRPC call. A connection
+        """A Lease or Release: on the framed socket while there is one (a fraction of a
+        unary gRPC call's cost), else as the gRPC call. A connection
         the daemon ended before replying never had its request taken (it ends idle ones at
         shutdown, busy ones after their reply): it goes to gRPC, served through the grace."""
         if self.framed:

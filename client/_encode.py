@@ -168,8 +168,8 @@ def _call_encode(
     socket, whatever the video's length (its replies have no size limit to keep under);
     else, when `small` (the output is a file or cannot come near a gRPC reply's 7 MiB),
     on a kept EncodeSession call (no deadline), else as an EncodeOnce call; else on an
-    Encode stream. A stream costs a round of messages more than EncodeOnce (0.3 ms of a
-    448x256x4 clip's 1.7 ms outside the daemon on the H200 host), EncodeOnce a new call
+    Encode stream. A stream costs a round of messages more than EncodeOnce (a sixth of a
+    small clip's time outside the daemon, when it was measured), EncodeOnce a new call
     more than a kept session, and a kept session gRPC's threads and HTTP/2 more than the
     framed socket. A request whose frames still land (`landing`) has them counted between
     sending it and reading the reply on the framed socket; any other way waits for them

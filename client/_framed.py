@@ -5,8 +5,8 @@ this client speaks "VSF2", and uses the socket only when the daemon says it spea
 too. It spares each one-reply encode gRPC's threads and HTTP/2 framing: most of what a
 short clip costs outside the daemon, and a long video's output comes back without
 HTTP/2's flow control (a 1 MB output took some 5 ms after the daemon had it on an Encode
-stream). A lease or release on it costs about 0.15 ms where a unary gRPC call cost 1.1-1.5
-ms on the H200 host, which a long video pays for each of its leases. One connection
+stream). A lease or release on it costs a fraction of a unary gRPC call, which a long
+video would pay for each of its leases. One connection
 carries one request at a time; the drivers keep one per request in flight, as they
 would EncodeSession calls.
 

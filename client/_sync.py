@@ -250,9 +250,8 @@ class _Session:
     def ask(
         self, request: Request, timeout: float | None = None, landing: Landing | None = None
     ) -> pb.SessionReply:
-        assert isinstance(request, pb.EncodeRequest)  # leases go on the framed socket only
-        if landing is not None:  # never used here; the frames land before the request goes
-            landing()
+        # Leases go on the framed socket only, and so do requests whose frames still land.
+        assert isinstance(request, pb.EncodeRequest) and landing is None
         self._requests.put(request)
         try:
             return next(self._replies)  # type: ignore[no-any-return]

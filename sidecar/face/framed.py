@@ -1,8 +1,8 @@
 """The framed socket: encodes, leases and releases over a plain Unix socket, without HTTP/2.
 
-A request and its reply on a kept gRPC stream cost some 0.75 ms on the H200 host, most
-of it gRPC's own threads and HTTP/2 framing on both sides, and a unary Lease call 1.1-1.5
-ms; the same bytes on a Unix socket cost a few tens of microseconds. Clients on the
+A request and its reply on a kept gRPC stream cost most of a short clip's time outside
+the daemon, gRPC's own threads and HTTP/2 framing on both sides, and a unary Lease call
+more; the same bytes on a Unix socket cost tens of times less (docs/performance.md). Clients on the
 daemon's host use this socket for encodes answered in one reply, and for the leases and
 releases around them; everything else stays on gRPC.
 

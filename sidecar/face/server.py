@@ -68,7 +68,6 @@ class Server:
         self._grpc: grpc.aio.Server | None = None
         self._servicer: VideoSidecarServicer | None = None
         self._framed: FramedServer | None = None
-        self.tcp_port = 0
         self._socket_path = Path(config.socket)
 
     # -- entry points --------------------------------------------------------------------
@@ -142,7 +141,7 @@ class Server:
                 raise StartupError(f"cannot listen on {address}")
             if self.config.tcp:
                 try:
-                    self.tcp_port = self._listen_tcp(server)
+                    self._listen_tcp(server)
                 except StartupError:
                     self._socket_path.unlink(missing_ok=True)  # bound above, never served
                     raise

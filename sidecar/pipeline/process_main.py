@@ -40,7 +40,7 @@ from ..events import PROGRESS_INTERVAL
 from .warm import EncoderKey, WarmEncoder, open_in_memory, warm_up
 
 # Larger outputs are handed over as a descriptor: pickling a 2.9 MB output through the
-# socket and back took 3-5 ms on the H200 host, handing over its memfd 0.3 ms.
+# socket and back took ten times as long as handing over its memfd.
 INLINE_ANSWER_BYTES = 256 * 1024
 KEPT_CONVERTERS = 4  # colour converters kept for the settings served last
 WATCH_S = 0.002  # how often an encode looks for the daemon's Stop, at most
@@ -314,8 +314,7 @@ class _Watch:
     """Run after every frame, and between the packets of the encoder's final drain:
     reports progress now and then, and ends the encode if the daemon said Stop. It looks
     at most every `WATCH_S`, with one poll object: `Connection.poll()` builds a selector
-    on each call, 20-40 us beside x264's threads, which made 3-4 ms of a 1344x768x122
-    encode on the H200 host."""
+    on each call, 20-40 us beside x264's threads: milliseconds of a long encode."""
 
     def __init__(self, conn: Connection, encoder: VideoEncoder) -> None:
         self._conn = conn

@@ -44,10 +44,6 @@ class RegionAllocator:
     def largest_free(self) -> int:
         return max(self._free_lengths, default=0)
 
-    @property
-    def allocations(self) -> int:
-        return len(self._allocated)
-
     def allocate(self, length: int) -> tuple[int, int] | None:
         """Reserve at least `length` bytes; returns `(offset, aligned_length)` or None."""
         if length <= 0:

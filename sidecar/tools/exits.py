@@ -12,7 +12,6 @@ import signal
 
 from client import AlreadyExists, InvalidArgument, OutOfRange, SidecarError
 
-EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 128 + signal.SIGINT  # as shells report Ctrl-C
@@ -21,7 +20,8 @@ EXIT_INTERRUPTED = 128 + signal.SIGINT  # as shells report Ctrl-C
 def exit_status(exc: SidecarError) -> int:
     """2 where the daemon refused what it was asked (a wrong field, over a limit, an
     output that exists), 1 for anything else."""
-    return EXIT_USAGE if isinstance(exc, InvalidArgument | OutOfRange | AlreadyExists) else 1
+    refused = isinstance(exc, InvalidArgument | OutOfRange | AlreadyExists)
+    return EXIT_USAGE if refused else EXIT_FAILURE
 
 
 class Terminated(KeyboardInterrupt):
