@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from . import pool_sizing
-from .codec.codec_options import (
+from .codec.ceiling import (
     DEFAULT_MAX_LOOKAHEAD,
     DEFAULT_MAX_PRESET,
     parse_max_lookahead,

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import os
 import threading
 import time
 from collections import Counter
@@ -19,7 +18,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from . import __version__
-from .codec.codec_options import CostCeiling
+from .codec.ceiling import CostCeiling
 from .codec.frames import Limits
 from .config import Config
 from .errors import (
@@ -28,12 +27,12 @@ from .errors import (
     PoolExhausted,
     ShuttingDown,
     SidecarError,
-    StartupError,
 )
 from .events import Chunk, Progress
 from .pipeline.handback import CHUNK_SIZE, OutputHandBack
 from .pipeline.intake import StreamIntake
 from .pipeline.jobs import EncodeJob
+from .pipeline.output import prepare_root
 from .pipeline.planner import Accepted, Planner
 from .pipeline.plans import EncodeOutcome
 from .pipeline.processes import EncoderProcesses
@@ -52,6 +51,7 @@ log = logging.getLogger(__name__)
 
 # A request that ends this soon after its client's lease was refused ended for that.
 REFUSAL_NOTE_S = 5.0
+PROCESSES_UP_S = 15.0  # the longest the start waits for the kept encoder processes
 
 
 class Sidecar:
@@ -94,7 +94,7 @@ class Sidecar:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._prepare_output_root()
+        prepare_root(self.output_root)
         self.slabset.open()
         self.queue.start(self._loop)
         self.leases.on_free = self.queue.freed
@@ -102,20 +102,13 @@ class Sidecar:
         self.warm.start()
         self.processes.start([str(slab.path) for slab in self.slabset.slabs])
         await asyncio.to_thread(first_encode)  # while the processes start: none in a request
+        # Serving once the kept processes are up: the first requests after a start find
+        # them ready, and do not share the cores with their start.
+        await asyncio.to_thread(self.processes.wait_started, PROCESSES_UP_S)
         self._reaper = asyncio.create_task(
             reap_expired(self.leases, self._alive, self.config.lease_ttl), name="lease-reaper"
         )
         self._accepting = True
-
-    def _prepare_output_root(self) -> None:
-        try:
-            self.output_root.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StartupError(
-                f"cannot create output directory {self.output_root}: {exc}"
-            ) from None
-        if not os.access(self.output_root, os.W_OK | os.X_OK):
-            raise StartupError(f"output directory {self.output_root} is not writable")
 
     def stop_accepting(self) -> None:
         self._accepting = False

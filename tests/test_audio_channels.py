@@ -18,7 +18,8 @@ import pytest
 from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.codec.audio import LAYOUTS, MAX_CHANNELS, AudioFormat
-from sidecar.codec.encoder import CodecSpec, VideoEncoder
+from sidecar.codec.catalogue import CodecSpec
+from sidecar.codec.encoder import VideoEncoder
 from sidecar.codec.frames import Limits, check_geometry
 from sidecar.errors import InvalidRequest
 

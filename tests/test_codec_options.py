@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
+from sidecar.codec.catalogue import CODECS, CodecSpec, ResolvedCodec
 from sidecar.codec.codec_options import ALLOWED, KNOWN_DANGEROUS, KNOWN_DANGEROUS_PARAMS
 from sidecar.codec.codec_rules import (
     MAX_OPTIONS,
@@ -33,7 +34,7 @@ from sidecar.codec.codec_rules import (
     join_params,
     split_params,
 )
-from sidecar.codec.encoder import CODECS, CodecSpec, ResolvedCodec, VideoEncoder
+from sidecar.codec.encoder import VideoEncoder
 from sidecar.codec.frames import Limits, check_geometry
 from sidecar.errors import InvalidRequest
 

@@ -14,15 +14,15 @@ import pytest
 from client.patterns import moving_pattern
 from sidecar.codec import encoder as encoder_module
 from sidecar.codec.audio import AudioFormat
-from sidecar.codec.encoder import (
-    CodecSpec,
-    VideoEncoder,
+from sidecar.codec.catalogue import CodecSpec
+from sidecar.codec.encoder import VideoEncoder
+from sidecar.codec.frames import Geometry, Limits, check_geometry
+from sidecar.codec.threads import (
     converting_frame_threads,
     frame_threads,
     slice_threads,
     threading_for,
 )
-from sidecar.codec.frames import Geometry, Limits, check_geometry
 from sidecar.errors import InvalidRequest
 
 from .helpers import decode, index_first, psnr

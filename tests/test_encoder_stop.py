@@ -25,8 +25,9 @@ import pytest
 
 from client import DeadlineExceeded, InvalidArgument
 from client.patterns import moving_pattern
-from sidecar.codec.codec_options import CostCeiling, parse_max_lookahead, parse_max_preset
-from sidecar.codec.encoder import CodecSpec, VideoEncoder
+from sidecar.codec.catalogue import CodecSpec
+from sidecar.codec.ceiling import CostCeiling, parse_max_lookahead, parse_max_preset
+from sidecar.codec.encoder import VideoEncoder
 from sidecar.codec.frames import Limits, check_geometry
 from sidecar.config import Config
 from sidecar.errors import Cancelled, InvalidRequest

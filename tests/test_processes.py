@@ -25,8 +25,9 @@ from client.patterns import moving_pattern
 from sidecar.codec import memory
 from sidecar.errors import Cancelled
 from sidecar.pipeline import processes
+from sidecar.pipeline.encoder_process import STOP_GRACE_S
 from sidecar.pipeline.process_main import WATCH_S, Stop, _Watch
-from sidecar.pipeline.processes import STOP_GRACE_S, EncoderProcesses
+from sidecar.pipeline.processes import EncoderProcesses
 from sidecar.pipeline.warm import EncoderKey
 from tests.helpers import Daemon, decode, index_first, psnr
 
@@ -168,7 +169,7 @@ def test_keys_travel_to_the_process() -> None:
     import pickle
     from fractions import Fraction
 
-    from sidecar.codec.encoder import CodecSpec
+    from sidecar.codec.catalogue import CodecSpec
     from sidecar.codec.frames import PIXEL_FORMATS, Geometry
     from sidecar.pipeline.process_main import Assignment, Region
 

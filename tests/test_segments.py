@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from client.patterns import moving_pattern
-from sidecar.codec.encoder import CodecSpec, VideoEncoder
+from sidecar.codec.catalogue import CodecSpec
+from sidecar.codec.encoder import VideoEncoder
 from sidecar.codec.frames import Limits, check_geometry
 from sidecar.pipeline.segments import (
     encode_segments,

@@ -247,7 +247,8 @@ def test_a_kept_converter_is_primed_once_and_changes_no_byte(monkeypatch) -> Non
     same bytes as an encoder with a converter of its own."""
     import os
 
-    from sidecar.codec.encoder import CodecSpec, FrameConverter
+    from sidecar.codec.catalogue import CodecSpec
+    from sidecar.codec.colour import FrameConverter
     from sidecar.pipeline.process_main import KEPT_CONVERTERS, Worker
     from sidecar.pipeline.warm import warm_up
 

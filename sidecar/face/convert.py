@@ -12,8 +12,8 @@ from typing import Any
 from .. import __version__
 from ..api.v1 import sidecar_pb2 as pb
 from ..codec.audio import AudioFormat
+from ..codec.catalogue import CodecSpec
 from ..codec.codec_rules import MAX_OPTIONS
-from ..codec.encoder import CodecSpec
 from ..codec.frames import FrameRangeSpec
 from ..errors import InvalidRequest
 from ..events import Chunk, Progress

@@ -26,11 +26,12 @@ from ..codec.landing import Frames, Landing
 from ..errors import Cancelled, EncodeFailed, InvalidRequest, SidecarError
 from ..events import ChunkWriter, Emit, ProgressReporter
 from ..pool.shm import Slab
+from .encoder_process import ProcessGone
 from .feed import End, FrameFeed, InlineFrames, Piece
 from .output import FileTarget, output_error
 from .plans import EncodeOutcome, EncodePlan
 from .process_main import Answer, Assignment
-from .processes import EncoderProcesses, ProcessGone
+from .processes import EncoderProcesses
 from .segments import SEGMENTABLE, encode_segments, frame_lookup, keyframe_interval, plan_segments
 from .warm import EncoderKey, WarmPool, open_in_memory, opener_for
 

@@ -15,10 +15,20 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from ..errors import DiskFull, InvalidRequest, OutputError, OutputExists
+from ..errors import DiskFull, InvalidRequest, OutputError, OutputExists, StartupError
 
 FIELD = "output.file.path"
 MAX_PATH_CHARS = 1024
+
+
+def prepare_root(root: Path) -> None:
+    """Make the output root at startup; one the daemon cannot write to stops it there."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StartupError(f"cannot create output directory {root}: {exc}") from None
+    if not os.access(root, os.W_OK | os.X_OK):
+        raise StartupError(f"output directory {root} is not writable")
 
 
 def _inside(path: str, root: str) -> bool:

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from ..codec.audio import AudioFormat
-from ..codec.codec_options import CostCeiling
-from ..codec.encoder import CONTAINERS
+from ..codec.catalogue import CONTAINERS
+from ..codec.ceiling import CostCeiling
 from ..codec.frames import Geometry, Limits, PlacedRange, check_geometry, place_ranges
 from ..codec.landing import check_place
 from ..errors import InvalidRequest

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..codec.audio import AudioFormat
-from ..codec.encoder import ResolvedCodec
+from ..codec.catalogue import ResolvedCodec
 from ..codec.frames import Geometry
 from .output import FileTarget
 

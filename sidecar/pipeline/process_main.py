@@ -31,7 +31,9 @@ from multiprocessing.reduction import send_handle
 import av
 import numpy as np
 
-from ..codec.encoder import FrameConverter, ResolvedCodec, VideoEncoder
+from ..codec.catalogue import ResolvedCodec
+from ..codec.colour import FrameConverter
+from ..codec.encoder import VideoEncoder
 from ..codec.frames import Geometry, PlacedRange, borrow_frames
 from ..codec.landing import Frames, Landing
 from ..codec.memory import RELEASE_S, keep_freed, limit_arenas, trim

@@ -30,25 +30,14 @@ times a second: requests meanwhile encode in the daemon.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import select
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
-from multiprocessing.connection import Connection
-from multiprocessing.reduction import recv_handle
-from pathlib import Path
-from typing import NoReturn
 
 from ..codec.memory import RELEASE_S
-from ..errors import EncodeFailed
-from .process_main import Answer, Assignment, Prepare, Progress, Ready, Stop
+from .encoder_process import STOP_WAIT_S, EncoderProcess, log_stopped
+from .process_main import Prepare
 from .warm import EncoderKey
 
 log = logging.getLogger(__name__)
@@ -56,189 +45,8 @@ log = logging.getLogger(__name__)
 KEEP = 3  # started with the daemon and kept
 KEEP_PEAK_S = 600.0  # processes beyond KEEP, idle this long past `idle_s`, stop
 MAINTAIN_S = 1.0  # how often the pool looks for idle processes to stop
-STOP_WAIT_S = 2.0
-STOP_POLL_S = 0.05  # how soon a cancelled request's process is told to stop
-# A process told to stop looks for it after every frame and between the packets of the
-# encoder's final drain; one that has not answered this long after is killed, so that a
-# cancelled encode stops within about a second whatever it was doing: hung (or stopped:
-# SIGSTOP, a debugger), or inside one long encoder call (x264 at placebo took 3 s for one
-# packet of 640x480 on two cores). That costs only the cancelled request: its frames are
-# in its leases, which come back, and the pool starts another process (see `give`).
-STOP_GRACE_S = 1.0
-# Said when a process that was up dies (the OOM killer, a crash); the pool starts another.
-STOPPED = "encoder process %d stopped (exit code %s, negative: killed by that signal)"
 START_RETRY_S = (1.0, 60.0)  # first and longest wait after processes fail to start
 STALE_S = 1.0  # a ready encoder unused this long may be replaced by one for other settings
-
-
-class ProcessGone(EncodeFailed):
-    """The encoder process died before answering (its frames are still in the leases)."""
-
-
-class EncoderProcess:
-    """The daemon's end of one encoder process. Not thread-safe: the pool hands each to
-    one job at a time."""
-
-    def __init__(self, slab_paths: list[str], idle_s: float = RELEASE_S) -> None:
-        ours, theirs = socket.socketpair()
-        package_root = str(Path(__file__).resolve().parent.parent)
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-        argv = [
-            sys.executable,
-            "-m",
-            "sidecar.pipeline.process_main",
-            str(theirs.fileno()),
-            str(idle_s),
-        ]
-        try:
-            self.popen = subprocess.Popen(
-                [*argv, *slab_paths],
-                pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,  # a terminal's Ctrl-C reaches the daemon only
-            )
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        self.conn = Connection(ours.detach())
-        # One poll object for the pipe: Connection.poll() builds a selector on each call
-        # (tens of microseconds beside encoder threads), and a request polls a few times.
-        self._poller = select.poll()
-        self._poller.register(self.conn.fileno(), select.POLLIN)
-        self.started = False  # said it is up
-        self.opening = False  # opening its next encoder, for `next_key`
-        self.next_key: EncoderKey | None = None
-        self.ready_key: EncoderKey | None = None
-        self.busy = False
-        self.taken_ready = False  # its encoder was ready for the job it was taken for
-        self.broken = False
-        self.idle_since = time.monotonic()
-
-    def poll(self) -> None:
-        """Take in what the process said while nobody was waiting for it."""
-        try:
-            while not self.broken and self._readable(0.0):
-                self._heard(self.conn.recv())
-        except (EOFError, OSError):
-            self.broken = True
-
-    @property
-    def holds(self) -> EncoderKey | None:
-        """The settings of the encoder this process has ready, or is opening."""
-        return self.next_key if self.opening else self.ready_key
-
-    def rank(self, key: EncoderKey, spare: bool) -> int:
-        """How soon this process would encode `key`: lower is sooner. Ready for it;
-        opening one for it (a wait shorter than an open); an open, in a process with
-        nothing ready or with an encoder to `spare`; an encoder others may still want."""
-        if self.holds == key:
-            return 1 if self.opening else 0
-        if self.holds is None or (spare and not self.opening):
-            return 2
-        return 3
-
-    def prepare(self, job: Prepare) -> None:
-        """Have the process open an encoder for `job`'s settings while it waits."""
-        try:
-            self.conn.send(job)
-        except OSError:
-            self.broken = True
-            return
-        self.opening, self.next_key, self.ready_key = True, job.key, None
-        self.idle_since = time.monotonic()
-
-    def encode(
-        self,
-        job: Assignment,
-        progress: Callable[[int], None] = lambda frames: None,
-        stopped: Callable[[], bool] = lambda: False,
-    ) -> Answer:
-        """Run `job` there, passing on its progress; once `stopped()`, the process is
-        told to stop (it answers Cancelled). ProcessGone if it dies meanwhile, or is
-        killed for not answering within `STOP_GRACE_S` of that."""
-        told_to_stop_at: float | None = None
-        # A process still opening an encoder for `job` reads it once that is done.
-        waits = self.opening and self.next_key == job.key
-        sent_at = time.perf_counter()
-        try:
-            self.conn.send(job)
-            while True:
-                if told_to_stop_at is None and stopped():
-                    self.conn.send(Stop())
-                    told_to_stop_at = time.monotonic()
-                if not self._readable(STOP_POLL_S):
-                    if told_to_stop_at is not None and (
-                        time.monotonic() - told_to_stop_at > STOP_GRACE_S
-                    ):
-                        self._kill_hung()
-                    continue
-                message = self.conn.recv()
-                if isinstance(message, Answer):
-                    if message.in_file:
-                        message.memfd = self._descriptor()
-                    if waits and "open" in message.timings_s:
-                        message.timings_s["open"] += max(0.0, message.received_at - sent_at)
-                    self.opening, self.next_key, self.ready_key = True, job.key, None
-                    return message
-                if isinstance(message, Progress):
-                    progress(message.frames)
-                else:
-                    self._heard(message)
-        except (EOFError, OSError):
-            self.broken = True
-            raise ProcessGone("an encoder process stopped during the encode") from None
-
-    def _kill_hung(self) -> NoReturn:
-        log.warning(
-            "encoder process %d did not stop within %.0f s of being told to (hung, or in "
-            "one long encoder call); killed it, and another starts",
-            self.popen.pid,
-            STOP_GRACE_S,
-        )
-        self.popen.kill()
-        self.broken = True
-        raise ProcessGone("an encoder process did not stop when told, and was killed")
-
-    def _descriptor(self) -> int:
-        """The memfd a large answer's bytes are in, sent right after it."""
-        try:
-            return int(recv_handle(self.conn))
-        except RuntimeError:  # something else came: the process is not to be trusted
-            raise EOFError("no descriptor after a large answer") from None
-
-    def _readable(self, timeout_s: float) -> bool:
-        """Whether the process said something (or is gone: the next read raises)."""
-        return bool(self._poller.poll(timeout_s * 1000))
-
-    def _heard(self, message: object) -> None:
-        if isinstance(message, Ready):
-            self.started = True
-            self.opening = False
-            self.ready_key = message.key
-
-    def stop(self) -> None:
-        with contextlib.suppress(OSError):
-            self.conn.send(None)
-        with contextlib.suppress(OSError, KeyError, ValueError):
-            self._poller.unregister(self.conn.fileno())  # before its number can be reused
-        with contextlib.suppress(OSError):
-            self.conn.close()
-        try:
-            self.popen.wait(STOP_WAIT_S)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
-
-
-def _stopped(popen: subprocess.Popen[bytes]) -> None:
-    """Say that an encoder process ended; with `--log-json`, its pid and exit code as keys."""
-    extra = {"encoder_pid": popen.pid, "exit_code": popen.returncode}
-    log.warning(STOPPED, popen.pid, popen.returncode, extra=extra)
 
 
 def _ranked(
@@ -310,6 +118,18 @@ class EncoderProcesses:
         self._thread.daemon = True
         self._thread.start()
 
+    def wait_started(self, timeout: float) -> bool:
+        """Wait, at most `timeout` seconds, until the processes kept from the start are up
+        (their first encode done); False if they are not by then (requests are encoded
+        in the daemon meanwhile, as ever)."""
+        want = min(self.limit, KEEP)
+        deadline = time.monotonic() + timeout
+        while self.ready < want:
+            if time.monotonic() >= deadline or self._closed or self._failed_rounds:
+                return False  # (processes that exit before they are up: not worth a wait)
+            time.sleep(0.02)
+        return True
+
     @property
     def count(self) -> int:
         return len(self._procs)
@@ -368,7 +188,7 @@ class EncoderProcesses:
             else:
                 return
         proc.stop()  # reaped: its exit code is known
-        _stopped(proc.popen)
+        log_stopped(proc.popen)
 
     def _maintain(self) -> None:
         while not self._closed:
@@ -426,7 +246,7 @@ class EncoderProcesses:
             proc.stop()
         for proc in dead:
             if proc.started:
-                _stopped(proc.popen)
+                log_stopped(proc.popen)
         failed = [proc.popen.returncode for proc in dead if not proc.started]
         if failed:
             log.warning(

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..codec.audio import AudioFormat
-from ..codec.encoder import CodecSpec
+from ..codec.catalogue import CodecSpec
 from ..codec.frames import FrameRangeSpec
 from ..events import Chunk, Progress
 from ..pool.leases import Lease

@@ -23,7 +23,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from ..codec.encoder import converts, threading_for
+from ..codec.threads import converts, threading_for
 from ..config_values import cpu_count
 from ..errors import PoolExhausted, SidecarError
 from .jobs import EncodeJob

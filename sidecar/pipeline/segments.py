@@ -30,15 +30,10 @@ from typing import Any
 import av
 import numpy as np
 
+from ..codec.catalogue import ResolvedCodec
 from ..codec.codec_rules import split_params
-from ..codec.encoder import (
-    FrameConverter,
-    ResolvedCodec,
-    VideoEncoder,
-    configure,
-    drain,
-    open_context,
-)
+from ..codec.colour import FrameConverter
+from ..codec.encoder import VideoEncoder, configure, drain, open_context
 from ..codec.landing import Frames
 from ..errors import Cancelled
 

@@ -36,11 +36,8 @@ from dataclasses import dataclass
 
 from ..errors import Cancelled, InvalidRequest, LeaseBusy, LeaseNotFound, OutOfRange
 from .allocator import RegionAllocator, align_up
+from .tags import WithdrawnTags
 
-# Tags released before a grant, remembered for a TTL: at most this many a client, its
-# oldest forgotten first. A client withdraws one only when a Lease reply was lost, and
-# another client's withdrawals never push out its own.
-MAX_WITHDRAWN = 64
 # A spare lives this long unused (at most the TTL): a client uses it for its very next
 # request or not at all, and an idle client's spare should not keep a waiter out for long.
 SPARE_TTL = 4.0
@@ -102,7 +99,7 @@ class LeaseTable:
         self._leases: dict[str, Lease] = {}
         self._by_owner: dict[str, dict[str, Lease]] = {}
         self._tagged: dict[tuple[str, str], list[Lease]] = {}
-        self._withdrawn: dict[str, dict[str, float]] = {}  # owner: {tag: until}
+        self._withdrawn = WithdrawnTags(ttl)
         self._lock = threading.Lock()
         self.on_free = on_free
         self.granted = 0
@@ -210,7 +207,7 @@ class LeaseTable:
         with self._lock:
             leases = self._tagged.get((owner, tag))
             if leases is None:
-                self._withdraw(owner, tag)
+                self._withdrawn.add(owner, tag, self._clock())
                 return
             freed = False
             for lease in list(leases):
@@ -289,7 +286,7 @@ class LeaseTable:
             for lease in stale:
                 self._drop(lease)
             self.expired += len(stale)
-            self._forget_withdrawn(now)
+            self._withdrawn.forget(now)
         if stale:
             self._notify()
         return stale
@@ -374,31 +371,10 @@ class LeaseTable:
         return leases
 
     def _check_tag(self, owner: str, tag: str) -> None:
-        until = self._withdrawn.get(owner, {}).get(tag)
-        if until is not None and until > self._clock():
+        if self._withdrawn.withdrawn(owner, tag, self._clock()):
             raise Cancelled(f"the lease request {tag!r} was withdrawn by its client")
         if (owner, tag) in self._tagged:
             raise InvalidRequest("tag", f"{tag!r} already names a lease of this client")
-
-    def _withdraw(self, owner: str, tag: str) -> None:
-        now = self._clock()
-        mine = self._withdrawn.setdefault(owner, {})
-        mine.pop(tag, None)  # to the end: the newest
-        while mine:  # oldest first: drop the expired, and any over the cap
-            oldest, until = next(iter(mine.items()))
-            if until > now and len(mine) < MAX_WITHDRAWN:
-                break
-            del mine[oldest]
-        mine[tag] = now + self.ttl
-
-    def _forget_withdrawn(self, now: float) -> None:
-        """Drop the tags whose TTL has passed, and the clients left with none."""
-        for owner, mine in list(self._withdrawn.items()):
-            for tag, until in list(mine.items()):
-                if until <= now:
-                    del mine[tag]
-            if not mine:
-                del self._withdrawn[owner]
 
     def _drop(self, lease: Lease) -> None:
         del self._leases[lease.id]

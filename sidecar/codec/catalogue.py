@@ -1,0 +1,170 @@
+"""The codecs the daemon offers and what a request may ask of them: a `CodecSpec` as the
+client sent it, checked and completed into a `ResolvedCodec`. No PyAV here: the planner
+and the face read the catalogue without loading the encoder."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ..errors import InvalidRequest
+from .ceiling import PRESET_LADDER, CostCeiling
+from .codec_options import merge_options
+from .codec_rules import join_params, split_params
+
+X26X_PRESETS = PRESET_LADDER
+
+
+SVT_AV1_PRESETS = tuple(str(n) for n in range(-1, 14))
+
+
+VP9_DEADLINES = ("realtime", "good", "best")
+
+
+@dataclass(frozen=True)
+class CodecChoice:
+    name: str
+    encoder: str
+    presets: tuple[str, ...]
+    default_preset: str
+    default_crf: int
+    max_crf: int
+    quiet: Mapping[str, str] = field(default_factory=dict)
+    preset_option: str = "preset"
+    containers: tuple[str, ...] = ("mp4", "fmp4")
+    min_size: int = 2  # the smallest width and height it is given
+
+
+CODECS: dict[str, CodecChoice] = {
+    "h264": CodecChoice("h264", "libx264", X26X_PRESETS, "ultrafast", 18, 51),
+    # x265 corrupts its heap now and then on frames narrower than its 64-pixel coding
+    # tree unit (40 and 48 pixels wide, at every preset: glibc aborts the process).
+    "h265": CodecChoice(
+        "h265",
+        "libx265",
+        X26X_PRESETS,
+        "ultrafast",
+        20,
+        51,
+        {"x265-params": "log-level=error"},
+        min_size=64,
+    ),
+    # SVT-AV1 refuses a side of 2 pixels when it opens; said up front, it names the side.
+    "av1": CodecChoice("av1", "libsvtav1", SVT_AV1_PRESETS, "10", 30, 63, min_size=4),
+    # Constant quality needs b=0; row-mt and cpu-used 8 keep realtime VP9 fast.
+    "vp9": CodecChoice(
+        "vp9",
+        "libvpx-vp9",
+        VP9_DEADLINES,
+        "realtime",
+        32,
+        63,
+        {"b": "0", "cpu-used": "8", "row-mt": "1"},
+        preset_option="deadline",
+        containers=("webm",),
+    ),
+}
+
+
+CONTAINERS = {"mp4": "mp4", "fmp4": "mp4", "webm": "webm"}
+
+
+AUDIO_CODECS = {"mp4": "aac", "fmp4": "aac", "webm": "libopus"}
+
+
+DEFAULT_CODEC = {"mp4": "h264", "fmp4": "h264", "webm": "vp9"}
+
+
+ALIASES = {
+    "libvpx-vp9": "vp9",
+    "avc": "h264",
+    "x264": "h264",
+    "libx264": "h264",
+    "hevc": "h265",
+    "x265": "h265",
+    "libx265": "h265",
+    "libsvtav1": "av1",
+    "svtav1": "av1",
+}
+
+
+@dataclass(frozen=True)
+class CodecSpec:
+    """What the client asked for; `resolve()` checks it and fills in defaults."""
+
+    codec: str = ""  # empty: the container's default (h264 in MP4, vp9 in WebM)
+    crf: int | None = None
+    preset: str = ""
+    gop: int | None = None
+    threads: int = 0
+    extra: tuple[tuple[str, str], ...] = ()
+
+    def resolve(self, container: str = "mp4", ceiling: CostCeiling | None = None) -> ResolvedCodec:
+        """The settings, checked; and, with a `ceiling` (the daemon's), within it."""
+        key = self.codec.strip().lower() or DEFAULT_CODEC[container]
+        choice = CODECS.get(ALIASES.get(key, key))
+        if choice is None:
+            raise InvalidRequest(
+                "codec.codec", f"unknown codec {self.codec[:32]!r}; use one of {', '.join(CODECS)}"
+            )
+        if container not in choice.containers:
+            raise InvalidRequest(
+                "codec.codec",
+                f"{choice.name} does not go in {container}; use {DEFAULT_CODEC[container]}",
+            )
+        crf = choice.default_crf if self.crf is None else self.crf
+        if not 0 <= crf <= choice.max_crf:
+            raise InvalidRequest(
+                "codec.crf", f"{crf} is outside 0..{choice.max_crf} for {choice.name}"
+            )
+        preset = self.preset or choice.default_preset
+        if preset not in choice.presets:
+            raise InvalidRequest(
+                "codec.preset",
+                f"{preset[:40]!r} is not a {choice.encoder} preset; use one of "
+                + ", ".join(choice.presets),
+            )
+        if self.gop is not None and not 1 <= self.gop <= 100_000:
+            raise InvalidRequest("codec.gop", f"{self.gop} is outside 1..100000")
+        if not 0 <= self.threads <= 256:
+            raise InvalidRequest("codec.threads", f"{self.threads} is outside 0..256")
+        # Only allow-listed options, checked and rewritten: see codec_options.
+        options = {
+            choice.preset_option: preset,
+            "crf": str(crf),
+            **merge_options(choice.encoder, choice.quiet, self.extra),
+        }
+        if ceiling is not None:
+            ceiling.check(choice.encoder, preset, options)
+        return ResolvedCodec(choice, options, self.gop, self.threads)
+
+
+@dataclass(frozen=True)
+class ResolvedCodec:
+    choice: CodecChoice
+    options: dict[str, str]
+    gop: int | None
+    threads: int
+
+    def check_size(self, width: int, height: int) -> None:
+        """InvalidRequest if the encoder is not to be given frames of this size."""
+        least = self.choice.min_size
+        for name, value in (("video.width", width), ("video.height", height)):
+            if value < least:
+                raise InvalidRequest(
+                    name, f"{width}x{height}: {self.choice.name} needs {least}x{least} at least"
+                )
+
+    def for_frames(self, frames: int) -> ResolvedCodec:
+        """These settings for a video of `frames` frames (0: not known yet). x265 with
+        B-frames gives a clip of a few frames timestamps FFmpeg's MP4 muxer cannot
+        write ("not yet implemented"): such clips are encoded without B-frames."""
+        if self.choice.encoder != "libx265" or not 0 < frames <= SHORT_CLIP_FRAMES:
+            return self
+        params = split_params(self.options.get("x265-params", ""))
+        options = {**self.options, "x265-params": join_params({**params, "bframes": "0"})}
+        return dataclasses.replace(self, options=options)
+
+
+SHORT_CLIP_FRAMES = 8

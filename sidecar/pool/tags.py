@@ -1,0 +1,38 @@
+"""Tags a client released before any lease was granted under them: a grant under one is
+refused for a TTL (the Lease reply was lost to a cancel or a deadline, and the client has
+given up on it)."""
+
+from __future__ import annotations
+
+# At most this many a client, its oldest forgotten first. A client withdraws one only when
+# a Lease reply was lost, and another client's withdrawals never push out its own.
+MAX_WITHDRAWN = 64
+
+
+class WithdrawnTags:
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self._until: dict[str, dict[str, float]] = {}  # owner: {tag: until}
+
+    def withdrawn(self, owner: str, tag: str, now: float) -> bool:
+        until = self._until.get(owner, {}).get(tag)
+        return until is not None and until > now
+
+    def add(self, owner: str, tag: str, now: float) -> None:
+        mine = self._until.setdefault(owner, {})
+        mine.pop(tag, None)  # to the end: the newest
+        while mine:  # oldest first: drop the expired, and any over the cap
+            oldest, until = next(iter(mine.items()))
+            if until > now and len(mine) < MAX_WITHDRAWN:
+                break
+            del mine[oldest]
+        mine[tag] = now + self.ttl
+
+    def forget(self, now: float) -> None:
+        """Drop the tags whose TTL has passed, and the clients left with none."""
+        for owner, mine in list(self._until.items()):
+            for tag, until in list(mine.items()):
+                if until <= now:
+                    del mine[tag]
+            if not mine:
+                del self._until[owner]
