@@ -20,7 +20,8 @@ import numpy as np
 
 from client._convert import Conversion, Ops
 from client.patterns import moving_pattern
-from sidecar.codec.encoder import CodecSpec, VideoEncoder
+from sidecar.codec.catalogue import CodecSpec
+from sidecar.codec.encoder import VideoEncoder
 from sidecar.codec.frames import Limits, check_geometry
 
 from .common import machine, parse_shape

@@ -37,8 +37,10 @@ from typing import Any
 import av
 import numpy as np
 
-from sidecar.codec.encoder import CodecSpec, configure, threading_for
+from sidecar.codec.catalogue import CodecSpec
+from sidecar.codec.encoder import configure
 from sidecar.codec.frames import Limits, check_geometry
+from sidecar.codec.threads import threading_for
 
 from .common import (
     CONTENTS,
