@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import mmap
+import multiprocessing
 import os
 import queue
 import random
@@ -78,6 +79,30 @@ SLOW_SIZE = (320, 240)  # abandoned encodes: frames x264 takes a while over at v
 SLOW_FRAME = SLOW_SIZE[0] * SLOW_SIZE[1] * 3
 SLOW_FRAMES = 48
 _LOG_LINE = re.compile(r"request_id=(abandon-\S+) status=(\S+) .*?ms=([0-9.]+)")
+
+
+def innocent(socket_path: str, stop: Any, answers: Any) -> None:
+    """A client with nothing to do with the hostile ones, every `INNOCENT_EVERY_S`: a
+    Status and a framed Release. Its waits are the others' doing; they go to `answers`."""
+    waits: list[float] = []
+    with grpc.insecure_channel(f"unix:{socket_path}") as channel:
+        stub, framed = pb_grpc.VideoSidecarStub(channel), Framed(f"{socket_path}.framed")
+        token = stub.Attach(pb.AttachRequest(client_name="innocent")).client_token
+        release = pb.FramedRequest(release=pb.ReleaseRequest(client_token=token, tag="t"))
+        data = struct.pack(">I", release.ByteSize()) + release.SerializeToString()
+        framed.ask(b"VSF2", data, 30)  # connected
+        while not stop.wait(INNOCENT_EVERY_S):
+            try:
+                t = time.monotonic()
+                stub.Status(pb.StatusRequest(), timeout=30)
+                waits.append(time.monotonic() - t)
+                t = time.monotonic()
+                framed.ask(b"VSF2", data, 30)
+                waits.append(time.monotonic() - t)
+            except grpc.RpcError:
+                break  # the daemon is gone
+        framed.close()
+    answers.put(waits)
 
 
 def stop_latencies(log: str, abandoned: dict[str, tuple[float, float]]) -> list[float]:
@@ -705,34 +730,25 @@ def soak(args: argparse.Namespace, daemon: DaemonProcess, root: Path, prefix: st
             with lock:
                 done[0] += 1
 
-    waits: list[float] = []
-
-    def innocent() -> None:
-        """A client with nothing to do with the hostile ones: its waits are theirs."""
-        with grpc.insecure_channel(f"unix:{daemon.socket}") as channel:
-            stub, framed = pb_grpc.VideoSidecarStub(channel), Framed(f"{daemon.socket}.framed")
-            token = stub.Attach(pb.AttachRequest(client_name="innocent")).client_token
-            release = pb.FramedRequest(release=pb.ReleaseRequest(client_token=token, tag="t"))
-            data = release.SerializeToString()
-            framed.ask(b"VSF2", struct.pack(">I", len(data)) + data, 30)  # connected
-            while not finished.wait(INNOCENT_EVERY_S) and daemon.running():
-                t = time.monotonic()
-                stub.Status(pb.StatusRequest(), timeout=30)
-                waits.append(time.monotonic() - t)
-                t = time.monotonic()
-                framed.ask(b"VSF2", struct.pack(">I", len(data)) + data, 30)
-                waits.append(time.monotonic() - t)
-            framed.close()
+    # In a process of its own: the fuzzing clients' Python (building requests, random
+    # bytes) would otherwise hold up its timing through their shared GIL.
+    spawn = multiprocessing.get_context("spawn")
+    stop, answers = spawn.Event(), spawn.Queue()
+    bystander = spawn.Process(target=innocent, args=(daemon.socket, stop, answers), daemon=True)
+    bystander.start()
 
     seeds = [args.seed * 1000 + n for n in range(args.workers)]
     fuzzers = [Fuzzer(daemon.socket, root / "cwd", seed) for seed in seeds]
     threads = [threading.Thread(target=work, args=(f,)) for f in fuzzers]
-    bystander = threading.Thread(target=innocent, daemon=True)
-    for th in [*threads, threading.Thread(target=sample, daemon=True), bystander]:
+    for th in [*threads, threading.Thread(target=sample, daemon=True)]:
         th.start()
     for th in threads:
         th.join()
     finished.set()
+    stop.set()
+    waits: list[float] = (
+        answers.get(timeout=60) if bystander.is_alive() or not answers.empty() else []
+    )
     bystander.join(30)
     seconds, end = time.monotonic() - t0, memory(daemon.pid, t0, done[0])
     for f in fuzzers:
