@@ -271,13 +271,22 @@ def test_close_in_a_forked_child_leaves_the_parents_spare_lease(
 def test_a_forked_child_encodes_on_its_own_session(daemon: Daemon, video: np.ndarray) -> None:
     """A child after fork using the inherited client opens its own channel and session;
     the parent's kept session is left alone and carries on."""
-    from client import SidecarClient
+    from client import SidecarClient, SidecarUnavailable
 
     with SidecarClient(daemon.socket) as c:
         first = c.encode(video[:4]).data  # leaves a session open and idle
 
         def child() -> bytes:  # encode, say how it went
-            same = c.encode(video[:4]).data == first
+            try:
+                data = c.encode(video[:4]).data
+            except SidecarUnavailable as exc:
+                # gRPC's fork support may end the child's first call on its new channel
+                # ("Wrong file descriptor generation") while it resets its pollers after
+                # the fork, on a loaded machine: the call never reached the daemon.
+                if "generation" not in str(exc):
+                    raise
+                data = c.encode(video[:4]).data
+            same = data == first
             c.close()  # gives back the child's own spare lease
             return b"same" if same else b"different"
 
