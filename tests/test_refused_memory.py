@@ -4,6 +4,7 @@ which an idle daemon almost never runs."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -71,3 +72,72 @@ def test_refused_full_size_requests_do_not_stay_in_memory(make_daemon) -> None: 
     after = rss_mib(pid)
     # Each decoded request is hundreds of MiB: six kept would be gigabytes.
     assert after < before + 150, (before, after)
+
+
+def huge_options(token: str) -> pb.EncodeRequest:
+    request = pb.EncodeRequest(client_token=token, request_id="options")
+    request.codec.extra.update({f"k{i}": "v" for i in range(OPTIONS)})
+    return request
+
+
+# About 8 MB: half a million encoder options, each a map entry protobuf builds one by one.
+OPTIONS = 500_000
+
+
+def decode_seconds(message: Any) -> float:
+    data = message.SerializeToString()
+    started = time.perf_counter()
+    type(message).FromString(data)
+    return time.perf_counter() - started
+
+
+def test_an_innocent_request_is_not_held_up_by_decoding_a_hostile_one(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    """Hostile full-size requests, over both transports, beside a client that asks for
+    status every 20 ms: its longest wait stays well under what decoding four million
+    ranges takes (measured here, in this process): before, the daemon's event loop was
+    held that long for each."""
+    d = make_daemon()
+    stub, token, channel = stub_and_token(d)
+    hostile = [huge_encode(token), huge_options(token)]
+    decode_s = sorted(decode_seconds(hostile[0]) for _ in range(3))[1]
+    framed_data = [pb.FramedRequest(encode=m).SerializeToString() for m in hostile]
+    answers: list[Any] = []
+    done = threading.Event()
+
+    def attack() -> None:
+        try:
+            for _ in range(2):
+                for message, data in zip(hostile, framed_data, strict=True):
+                    try:
+                        stub.EncodeOnce(message, timeout=60)
+                    except grpc.RpcError as err:
+                        answers.append((err.code(), err.details()))
+                    framed = RawFramed(d.socket + ".framed", b"VSF2")
+                    framed.send(data)
+                    answers.append(framed.reply().error)
+                    framed.close()
+        finally:
+            done.set()
+
+    waits = []
+    attacker = threading.Thread(target=attack)
+    try:
+        attacker.start()
+        while not done.is_set():
+            started = time.perf_counter()
+            stub.Status(pb.StatusRequest(), timeout=30)
+            waits.append(time.perf_counter() - started)
+            time.sleep(0.02)
+        attacker.join()
+    finally:
+        channel.close()
+    assert len(answers) == 8
+    for answer in answers:
+        if isinstance(answer, tuple):
+            code, details = answer
+            assert code == grpc.StatusCode.INVALID_ARGUMENT, answer
+        else:
+            code, details = answer.code, answer.message
+            assert code == grpc.StatusCode.INVALID_ARGUMENT.value[0], answer
+        assert "more than" in details, details
+    assert max(waits) < decode_s * 0.6, (max(waits), decode_s, sorted(waits)[-5:])

@@ -31,34 +31,25 @@ from ..pipeline.requests import (
     VideoRequest,
 )
 from ..pipeline.status import Attachment, StatusReport
+from ..pool.lease_queue import MAX_REGIONS
 from ..pool.leases import Lease
 from ..vocabulary import CONTAINER_BY_PROTO, PIXEL_FORMAT_BY_PROTO, SAMPLE_FORMAT_BY_PROTO
+from .decoding import Undecodable
 
 MAX_RANGES = 65_536
 MAX_AUDIO_PIECES = 4096
 
 
-class Undecodable:
-    """Stands in for a request whose bytes are not a valid message."""
-
-    def __init__(self, message: str) -> None:
-        self.message = message
-
-    def refuse(self) -> InvalidRequest:
-        return InvalidRequest("request", f"not a valid {self.message} message")
-
-
-def decoder(cls: Any) -> Any:
-    """`cls.FromString` that returns `Undecodable` instead of raising: grpc would answer
-    UNKNOWN for a deserialiser's exception, and the handlers answer INVALID_ARGUMENT."""
-
-    def decode(data: bytes) -> Any:
-        try:
-            return cls.FromString(data)
-        except Exception:  # DecodeError, or invalid UTF-8 in a string field
-            return Undecodable(cls.DESCRIPTOR.name)
-
-    return decode
+# Repeated fields by full name: at most this many, counted in the wire format before a
+# large request is decoded (`decoding.over_limits`), and again once it is.
+REPEATED_LIMITS = {
+    "video_sidecar.v1.VideoDescriptor.ranges": MAX_RANGES,
+    "video_sidecar.v1.EncodeRequest.audio_data": MAX_AUDIO_PIECES,
+    "video_sidecar.v1.StreamHeader.audio_data": MAX_AUDIO_PIECES,
+    "video_sidecar.v1.StreamEnd.audio_data": MAX_AUDIO_PIECES,
+    "video_sidecar.v1.CodecOptions.extra": MAX_OPTIONS,
+    "video_sidecar.v1.LeaseRequest.more_sizes": MAX_REGIONS - 1,
+}
 
 
 def attachment_to_proto(a: Attachment) -> pb.AttachResponse:

@@ -84,7 +84,8 @@ from ..api.v1 import sidecar_pb2 as pb
 from ..errors import InvalidRequest
 from ..vocabulary import FRAMED_PREAMBLES, FRAMED_REPLY_MAX_BYTES, MAX_MESSAGE_BYTES
 from .calls import CallEnd
-from .convert import Undecodable, decoder
+from .convert import REPEATED_LIMITS
+from .decoding import Decoder, Pending, Undecodable, decode_pending
 from .servicer import VideoSidecarServicer
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,10 @@ PREAMBLE_BYTES = 4  # a connection's first bytes: the protocol's name (FRAMED_PR
 SUFFIX = ".framed"  # the socket's name: the gRPC socket's, with this added
 _LENGTH = struct.Struct(">I")
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
-_DECODERS = {1: decoder(pb.EncodeRequest), 2: decoder(pb.FramedRequest)}
+_DECODERS = {
+    1: Decoder(pb.EncodeRequest, REPEATED_LIMITS),
+    2: Decoder(pb.FramedRequest, REPEATED_LIMITS),
+}
 Request = pb.EncodeRequest | pb.FramedRequest | Undecodable
 
 # A request larger than this is read in pieces of at most this into memory of its own
@@ -467,21 +471,24 @@ async def _read(
         pending.put_nowait(None)
 
 
-async def _request(
-    reader: asyncio.StreamReader, length: int, decode: Callable[[Any], Request]
-) -> Request:
+async def _request(reader: asyncio.StreamReader, length: int, decode: Decoder) -> Request:
     """A message of `length` bytes, decoded; a large one read in pieces as they come
-    (see `PIECE`)."""
+    (see `PIECE`), and decoded off the event loop (`decoding`)."""
     if length <= PIECE:
-        return decode(await reader.readexactly(length))
-    with mmap.mmap(-1, length) as body:
+        request: Request | Pending = decode(await reader.readexactly(length))
+        return await decode_pending(request) if isinstance(request, Pending) else request
+    body = mmap.mmap(-1, length)
+    try:
         while (got := body.tell()) < length:
             piece = await reader.read(min(length - got, PIECE))
             if not piece:
                 raise asyncio.IncompleteReadError(b"", length)
             body.write(piece)
-        with memoryview(body) as view:
-            return decode(view)  # copied out: nothing refers to `body` after
+    except BaseException:
+        body.close()
+        raise
+    decoded: Request = await decode_pending(Pending(body, decode.now))
+    return decoded
 
 
 async def _skip(reader: asyncio.StreamReader, length: int) -> None:

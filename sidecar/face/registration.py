@@ -10,7 +10,8 @@ import grpc
 from google.protobuf import message_factory
 
 from ..api.v1 import sidecar_pb2 as pb
-from .convert import decoder
+from .convert import REPEATED_LIMITS
+from .decoding import Decoder, Pending, decode_pending
 from .status_codes import forget_frames
 
 if TYPE_CHECKING:
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 
 
 def add_to_server(servicer: VideoSidecarServicer, server: grpc.aio.Server) -> None:
-    """Register the service, decoding every request with `convert.decoder`."""
+    """Register the service, decoding every request with `decoding.Decoder`."""
     service = pb.DESCRIPTOR.services_by_name["VideoSidecar"]
     handlers = {}
     for method in service.methods:
@@ -28,8 +29,12 @@ def add_to_server(servicer: VideoSidecarServicer, server: grpc.aio.Server) -> No
             (True, True): grpc.stream_stream_rpc_method_handler,
         }[(method.client_streaming, method.server_streaming)]
         handlers[method.name] = kind(
-            _unretained(getattr(servicer, method.name), method.server_streaming),
-            request_deserializer=decoder(message_factory.GetMessageClass(method.input_type)),
+            _unretained(
+                getattr(servicer, method.name), method.client_streaming, method.server_streaming
+            ),
+            request_deserializer=Decoder(
+                message_factory.GetMessageClass(method.input_type), REPEATED_LIMITS
+            ),
             response_serializer=lambda m: m.SerializeToString(),
         )
     server.add_generic_rpc_handlers(
@@ -37,14 +42,21 @@ def add_to_server(servicer: VideoSidecarServicer, server: grpc.aio.Server) -> No
     )
 
 
-def _unretained(handler: Callable[..., Any], streaming: bool) -> Callable[..., Any]:
-    """`handler`, so that no error it ends with keeps its request alive: gRPC keeps an
-    abort's error with the call, whose context the handler's frames hold, and those
-    frames hold the request, a cycle only a full collection would break."""
-    if streaming:
+def _unretained(handler: Callable[..., Any], requests: bool, replies: bool) -> Callable[..., Any]:
+    """`handler`, given its requests decoded (a large one off the event loop: `decoding`),
+    so that no error it ends with keeps its request alive: gRPC keeps an abort's error
+    with the call, whose context the handler's frames hold, and those frames hold the
+    request, a cycle only a full collection would break."""
 
-        async def replies(request: Any, context: Any) -> AsyncIterator[Any]:
-            answers = handler(request, context)
+    async def take(request: Any) -> Any:
+        if requests:
+            return _decoded(request)
+        return await decode_pending(request) if isinstance(request, Pending) else request
+
+    if replies:
+
+        async def many(request: Any, context: Any) -> AsyncIterator[Any]:
+            answers = handler(await take(request), context)
             del request
             try:
                 async for answer in answers:
@@ -53,10 +65,10 @@ def _unretained(handler: Callable[..., Any], streaming: bool) -> Callable[..., A
                 forget_frames(exc)
                 raise
 
-        return replies
+        return many
 
     async def reply(request: Any, context: Any) -> Any:
-        answer = handler(request, context)
+        answer = handler(await take(request), context)
         del request
         try:
             return await answer
@@ -65,3 +77,8 @@ def _unretained(handler: Callable[..., Any], streaming: bool) -> Callable[..., A
             raise
 
     return reply
+
+
+async def _decoded(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async for request in requests:
+        yield await decode_pending(request) if isinstance(request, Pending) else request

@@ -33,7 +33,6 @@ from ..service import Sidecar
 from ..vocabulary import FRAMED_VERSION, Reason
 from .calls import CallEnd, Sessions, after_call, unless_cancelled
 from .convert import (
-    Undecodable,
     attachment_to_proto,
     encode_spec_from_proto,
     event_to_proto,
@@ -43,6 +42,7 @@ from .convert import (
     stream_messages,
     stream_spec_from_proto,
 )
+from .decoding import Undecodable
 from .status_codes import error_trailers, errors_by_code, forget_frames, session_error, status_of
 
 log = logging.getLogger(__name__)

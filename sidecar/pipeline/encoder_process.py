@@ -34,7 +34,7 @@ STOP_POLL_S = 0.05  # how soon a cancelled request's process is told to stop
 # SIGSTOP, a debugger), or inside one long encoder call (x264 at placebo took 3 s for one
 # packet of 640x480 on two cores). That costs only the cancelled request: its frames are
 # in its leases, which come back, and the pool starts another process (see `give`).
-STOP_GRACE_S = 1.0
+STOP_GRACE_S = 0.5
 # Said when a process that was up dies (the OOM killer, a crash); the pool starts another.
 STOPPED = "encoder process %d stopped (exit code %s, negative: killed by that signal)"
 
@@ -163,7 +163,7 @@ class EncoderProcess:
 
     def _kill_hung(self) -> NoReturn:
         log.warning(
-            "encoder process %d did not stop within %.0f s of being told to (hung, or in "
+            "encoder process %d did not stop within %.1f s of being told to (hung, or in "
             "one long encoder call); killed it, and another starts",
             self.popen.pid,
             STOP_GRACE_S,
