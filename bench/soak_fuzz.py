@@ -105,14 +105,17 @@ def innocent(socket_path: str, stop: Any, answers: Any) -> None:
     answers.put(waits)
 
 
-def stop_latencies(log: str, abandoned: dict[str, tuple[float, float]]) -> list[float]:
-    """For each abandoned encode the daemon did not finish first: seconds from its client
-    leaving to the daemon ending it (its log's `ms`, counted from when it came)."""
-    late = []
+def stop_latencies(
+    log: str, abandoned: dict[str, tuple[float, float, str]]
+) -> dict[str, list[float]]:
+    """For each abandoned encode the daemon did not finish first, by the way it was sent:
+    seconds from its client leaving to the daemon ending it (its log's `ms`, counted from
+    when it came)."""
+    late: dict[str, list[float]] = {}
     for request_id, status, ms in _LOG_LINE.findall(log):
         if request_id in abandoned and status != "OK":
-            sent, left = abandoned[request_id]
-            late.append(max(0.0, sent + float(ms) / 1e3 - left))
+            sent, left, kind = abandoned[request_id]
+            late.setdefault(kind, []).append(max(0.0, sent + float(ms) / 1e3 - left))
     return late
 
 
@@ -267,7 +270,8 @@ class Fuzzer:
         self.framed = Framed(f"{socket}.framed")
         self.left_open: list[socket.socket] = []  # framed connections with a half-sent message
         self.full = full_size_requests(self.token)  # made once: building one holds the GIL
-        self.abandoned_at: dict[str, tuple[float, float]] = {}  # request id: (sent, left)
+        # request id: (sent, left, how)
+        self.abandoned_at: dict[str, tuple[float, float, str]] = {}
         self.raw_framed = Framed(f"{socket}.framed", raw=True)
 
     def close(self) -> None:
@@ -568,7 +572,7 @@ class Fuzzer:
                 time.sleep(r.uniform(0.3, 1.5))
             self.release(lease.lease_id, "release-abandoned")  # freed by the encode: NOT_FOUND
             kind = "abandoned-framed"
-        self.abandoned_at[request_id] = (sent, time.monotonic())
+        self.abandoned_at[request_id] = (sent, time.monotonic(), kind)
         self.codes[f"{kind}:LEFT"] += 1
 
     def half_sent(self) -> None:
@@ -780,7 +784,8 @@ def soak(args: argparse.Namespace, daemon: DaemonProcess, root: Path, prefix: st
     if args.idle:
         checks["e_idle_rss_bounded"] = idle_growth <= args.rss_bound
     abandoned = {k: v for f in fuzzers for k, v in f.abandoned_at.items()}
-    stops = sorted(stop_latencies((root / "daemon.log").read_text(errors="replace"), abandoned))
+    by_way = stop_latencies((root / "daemon.log").read_text(errors="replace"), abandoned)
+    stops = sorted(s for way in by_way.values() for s in way)
     checks["g_abandoned_encodes_stop_within_1s"] = not stops or stops[-1] <= args.stop_bound
     waited = sorted(waits)
     checks["f_innocent_not_held_up"] = bool(waited) and waited[-1] <= args.innocent_bound
@@ -795,7 +800,10 @@ def soak(args: argparse.Namespace, daemon: DaemonProcess, root: Path, prefix: st
                  "growth_over_warm": idle_growth, "with_processes": idle_tree}, "end": end,
         "abandoned": {"left": len(abandoned), "stopped_by_daemon": len(stops),
                       "max_s": round(stops[-1], 3) if stops else None,
-                      "p50_s": round(stops[len(stops) // 2], 3) if stops else None},
+                      "p50_s": round(stops[len(stops) // 2], 3) if stops else None,
+                      "by_way": {way: {"n": len(v), "max_s": round(max(v), 3),
+                                       "over_0.5_s": sum(x > 0.5 for x in v)}
+                                 for way, v in sorted(by_way.items())}},
         "innocent": {"requests": len(waited),
                      "p50_s": round(waited[len(waited) // 2], 4) if waited else None,
                      "p99_s": round(waited[int(len(waited) * 0.99)], 4) if waited else None,
