@@ -15,12 +15,15 @@ with SidecarClient() as sidecar:
 Design: the client is written once, as an I/O-free core under two thin drivers. Every
 operation (attach and re-attach after a daemon restart, leases and the spare lease,
 planning, the encode, a stream's writes, close and cancel, fork awareness, error mapping)
-is a generator of steps in the core (`_core`, `_plan`, `_encode`, `_stream`); it yields what it
-needs done (an RPC, a copy, a lock, an action on a stream call) and gets the result back
+is a generator of steps in the core (`_core`, `_plan`, `_send`, `_stream`); it yields what
+it needs done (an RPC, a copy, a lock, an action on a stream call) and gets the result back
 (`_steps`). `SidecarClient` (`_sync`) performs each step blocking, `AsyncSidecarClient`
 (`_async`) awaits it; each holds only its channel and how it performs a step. The public
 methods with many parameters are defined once for both (`_api`), their parameter set once
-(`_options.EncodeOptions`). `_api`'s docstring says why this and not a generated sync twin.
+(`_options.EncodeOptions`). An encode goes one of five ways (the framed socket,
+EncodeSession, EncodeOnce, Encode, a stream), each a class behind one interface (`_ways`),
+picked by one function from the request's facts (`_choice.choose_way`). `_api`'s
+docstring says why this and not a generated sync twin.
 
 This package never imports av. It imports torch only when handed a tensor.
 """

@@ -11,22 +11,12 @@ import grpc
 
 from sidecar.api.v1 import sidecar_pb2 as pb
 
+from . import _steps as ops
 from ._api import ClientApi
 from ._channel import fork_generation, keep_after_fork, open_channel
 from ._errors import DeadlineExceeded, SidecarUnavailable
 from ._framed import AsyncFramedConnection, to_the_end
-from ._steps import (
-    Call,
-    Exchange,
-    Exclusive,
-    OnStream,
-    Op,
-    OpenStream,
-    Replies,
-    Steps,
-    Work,
-    run_awaiting,
-)
+from ._steps import Op, Steps, run_awaiting
 from ._stream import StreamCore, StreamFace
 from ._types import Attachment, EncodeResult, Lease, Status
 
@@ -69,7 +59,7 @@ class AsyncSidecarClient(ClientApi[Coroutine[Any, Any, EncodeResult], "AsyncVide
         return await run_awaiting(steps, self._perform)
 
     async def _perform(self, op: Op) -> Any:
-        if isinstance(op, Work):  # a long one may write into leases: to its end
+        if isinstance(op, ops.Work):  # a long one may write into leases: to its end
             return await to_the_end(asyncio.to_thread(op.run)) if op.long else op.run()
         if self._generation != fork_generation():
             raise SidecarUnavailable(
@@ -78,25 +68,27 @@ class AsyncSidecarClient(ClientApi[Coroutine[Any, Any, EncodeResult], "AsyncVide
         # A Release is cleanup (the steps give leases back when cancelled): it runs to its
         # end even if cancelled again meanwhile, as anyio cancels at every await, or a
         # lease would stay held while this client's other calls renew it.
-        if isinstance(op, Call):
+        if isinstance(op, ops.Call):
             call = getattr(self._stubs[op.service], op.method)(op.request, timeout=op.timeout)
             return await (to_the_end(call) if op.method == "Release" else call)
-        if isinstance(op, Exchange):  # framed only: `_KEEPS_SESSIONS` is False
+        if isinstance(op, ops.Exchange):
             exchange = self._exchange(op)
             releases = isinstance(op.request, pb.ReleaseRequest)
             return await (to_the_end(exchange) if releases else exchange)
-        if isinstance(op, Replies):
+        if isinstance(op, ops.Replies):
             async for event in self._stubs["sidecar"].Encode(op.request, timeout=op.timeout):
                 op.feed(event)
             return None
-        if isinstance(op, Exclusive):
+        if isinstance(op, ops.Exclusive):
             async with self._lock:
                 return await self._run(op.steps)
-        if isinstance(op, OpenStream):
+        if isinstance(op, ops.OpenStream):
             return await _StreamCall.open(self._stubs["sidecar"], op)
+        # A SessionAsk is never asked of it: it keeps no sessions (`_KEEPS_SESSIONS`).
+        assert isinstance(op, ops.OnStream), op
         return await op.call.act(op)
 
-    async def _exchange(self, op: Exchange) -> pb.FramedReply:
+    async def _exchange(self, op: ops.Exchange) -> pb.FramedReply:
         """A request on a framed connection kept for the next one, or a new one."""
         idle = self._framed.setdefault(op.framed, [])
         while idle and not idle[-1].open:
@@ -199,13 +191,13 @@ class AsyncVideoStream(StreamFace):
 class _StreamCall:
     """An EncodeStream call: requests written on the call, replies read by a task."""
 
-    def __init__(self, stub: Any, op: OpenStream) -> None:
+    def __init__(self, stub: Any, op: ops.OpenStream) -> None:
         self._call = stub.EncodeStream(timeout=op.timeout)
         self._stream = op.reader
         self._reader = asyncio.create_task(self._read())
 
     @classmethod
-    async def open(cls, stub: Any, op: OpenStream) -> _StreamCall:
+    async def open(cls, stub: Any, op: ops.OpenStream) -> _StreamCall:
         call = cls(stub, op)
         await call._write(op.header)
         return call
@@ -215,7 +207,7 @@ class _StreamCall:
             async for event in self._call:
                 self._stream.take_reply(event)
 
-    async def act(self, op: OnStream) -> None:
+    async def act(self, op: ops.OnStream) -> None:
         if op.action == "send":
             assert op.message is not None
             await self._write(op.message)

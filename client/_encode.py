@@ -1,26 +1,31 @@
-"""`encode` and `encode_leased` as steps: plan, lease, copy, ask, clean up on failure."""
+"""An encode's job, the interface of the ways it can go (see `_choice`), and what the
+ways that send one EncodeRequest share: leasing, copying, asking (the next way when the
+daemon lacks one), taking the output, cleaning up on failure. The ways are in `_ways`.
+"""
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import grpc
 
 from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.vocabulary import LANDED_COUNT_BYTES as COUNT_BYTES
 
-from ._audio import Pcm, prepare_audio
+from ._audio import Pcm
+from ._choice import REFUSABLE, WayName
 from ._core import ClientCore, audio_in
 from ._cuda import LANDING_MIN_BYTES
-from ._errors import ServerError, error_from_session
+from ._errors import ServerError
 from ._options import EncodeOptions, VideoFormat, VideoGeometry
-from ._plan import copy_step, fits_in_pool, plan_ranges
+from ._plan import copy_step, plan_ranges
 from ._results import Clock, ResultBuilder
-from ._steps import Call, Exchange, Replies, Steps, Work
-from ._stream import StreamCore
+from ._steps import Steps, Work
 from ._types import Attachment, EncodeResult, FrameRange, Lease
 from ._video import VideoSource
 
@@ -32,100 +37,97 @@ ProgressCallback = Callable[[int, int], None]
 ChunkCallback = Callable[[bytes], None]
 
 
-def encode(
-    core: ClientCore,
-    video: Any,
-    options: EncodeOptions,
-    fmt: VideoFormat,
-    audio: Any,
-    sample_rate: int | None,
-    on_progress: ProgressCallback | None,
-    timeout: float | None,
-    on_chunk: ChunkCallback | None = None,
-) -> Steps[EncodeResult]:
-    clock = Clock()
-    source = core.prepare(video, fmt)
-    pcm = prepare_audio(audio, sample_rate) if audio is not None else None
-    att = yield from core.attach()
-    plan = plan_ranges(source.frames, source.frame_bytes, att)
-    if core.inline or not fits_in_pool(plan, source.frame_bytes, att):
-        # Larger than the pool lets one request hold, or no shared memory: stream it,
-        # each lease freed as soon as its frames are encoded.
-        stream = StreamCore(
-            core,
-            options,
-            fmt,
-            audio=pcm,
-            on_chunk=on_chunk,
-            on_progress=on_progress,
-            timeout=timeout,
-            clock=clock,
-        )
-        return (yield from stream.whole(source))
-    # A fresh builder for each attempt: a retried request starts its replies anew.
-    return (
-        yield from core.reattached(
-            lambda: _encode_source(
-                core, source, options, pcm, clock, ResultBuilder(on_progress, on_chunk), timeout
+@dataclass(frozen=True)
+class EncodeJob:
+    """One `encode()`: the checked video and what to do with it."""
+
+    source: VideoSource
+    options: EncodeOptions
+    fmt: VideoFormat
+    pcm: Pcm | None
+    clock: Clock
+    timeout: float | None
+    on_progress: ProgressCallback | None
+    on_chunk: ChunkCallback | None
+    # The way to ask when the chosen one is refused, or after re-attaching: chosen anew.
+    rechoose: Callable[[], RequestWay]
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """One EncodeRequest on its way: the frames are in its leases (or still landing)."""
+
+    request: pb.EncodeRequest
+    builder: ResultBuilder
+    clock: Clock
+    deadline: float | None
+    landing: FramesLanding | None
+    rechoose: Callable[[], RequestWay]
+
+    def landed_first(self) -> Steps[None]:
+        """Wait for frames still landing: only the framed socket counts them as they do."""
+        if self.landing is not None:
+            yield Work(self.landing, long=True)
+
+
+class SendWay(abc.ABC):
+    """One way an encode goes to the daemon (see `_choice`); `_ways` has the five."""
+
+    name: ClassVar[WayName]
+
+    @abc.abstractmethod
+    def encode(self, core: ClientCore, job: EncodeJob) -> Steps[EncodeResult]:
+        """Send the job's video this way and take the replies; the result."""
+
+
+class RequestWay(SendWay):
+    """A way that sends the video as one EncodeRequest, its frames leased all at once."""
+
+    def encode(self, core: ClientCore, job: EncodeJob) -> Steps[EncodeResult]:
+        # The way was chosen before leasing; after re-attaching (the daemon restarted) the
+        # new attachment may serve other ways: chosen anew.
+        ways: list[RequestWay] = [self]
+        return (
+            yield from core.reattached(
+                lambda: send_source(core, job, ways.pop() if ways else job.rechoose())
             )
         )
-    )
+
+    @abc.abstractmethod
+    def ask(self, core: ClientCore, out: Outgoing) -> Steps[None]:
+        """Send `out.request` and take its reply, or replies, into `out.builder`."""
 
 
-def _encode_source(
-    core: ClientCore,
-    source: VideoSource,
-    options: EncodeOptions,
-    pcm: Pcm | None,
-    clock: Clock,
-    builder: ResultBuilder,
-    timeout: float | None,
-) -> Steps[EncodeResult]:
+def small_output(options: EncodeOptions, source: VideoSource) -> bool:
+    """Whether the output cannot outgrow one gRPC reply: a file, or a short clip."""
+    return options.path is not None or source.frames * picture_bytes(source) <= ONCE_MAX_BYTES
+
+
+def send_source(core: ClientCore, job: EncodeJob, way: RequestWay) -> Steps[EncodeResult]:
+    """Lease what the video needs at once, copy its frames in (or queue the copies, when
+    they land while the request goes), and ask `way`."""
     att = yield from core.attach()
+    source = job.source
     plan = plan_ranges(source.frames, source.frame_bytes, att)
     single = len(plan) == 1  # small requests reuse the spare lease and ask for the next
-    landing = FramesLanding.for_video(core, source, plan, att, clock)
+    landing = FramesLanding.for_video(core, source, plan, att, job.clock)
     sizes = [count * source.frame_bytes for _, count in plan]
     if landing is not None:
         sizes[-1] = landing.make_room(sizes[-1])
-    audio_sizes = [pcm.nbytes] if pcm is not None else []
+    audio_sizes = [job.pcm.nbytes] if job.pcm is not None else []
     leases: list[Lease] = []
     try:
         # Everything the request needs, granted at once: nothing is held while waiting.
-        with clock.leasing():
+        with job.clock.leasing():
             leases = yield from core.lease_for(
-                audio_sizes + sizes, single and not audio_sizes, within=timeout or core.timeout
+                audio_sizes + sizes, single and not audio_sizes, within=job.timeout or core.timeout
             )
-        audio_data = audio_in(pcm, leases[0]) if pcm is not None else None
-        ranges = []
-        nbytes = sizes[-1]
-        for (first, count), lease in zip(plan, leases[len(audio_sizes) :], strict=True):
-            if landing is not None:
-                landing.copy_later(lease.array, first, count)
-            else:
-                with clock.copying():
-                    yield copy_step(source, lease.array, first, count)
-            ranges.append(FrameRange(lease, count))
-        request = options.request(
-            att.client_token,
-            VideoGeometry(source.width, source.height, source.pixel_format),
-            ranges,
-            next_lease_bytes=nbytes if single else 0,
-            audio=pcm.spec() if pcm is not None else None,
-            audio_data=audio_data,
-        )
-        if landing is not None:  # sent now; its copies are queued and counted after
-            request.landed_count_offset = landing.count_in(leases[-1])
-        else:
-            with clock.copying():
-                yield Work(source.finish, long=True)
-            clock.transferred()
-        small = options.path is not None or source.frames * picture_bytes(source) <= ONCE_MAX_BYTES
-        return (
-            yield from _call_encode(
-                core, request, clock, builder, timeout, small=small, landing=landing
-            )
-        )
+        next_bytes = sizes[-1] if single else 0
+        request = yield from _filled(job, att, plan, leases, landing, next_bytes)
+        builder = ResultBuilder(job.on_progress, job.on_chunk)  # anew for each attempt
+        deadline = job.timeout or core.timeout
+        out = Outgoing(request, builder, job.clock, deadline, landing, job.rechoose)
+        return (yield from call_encode(core, out, way))
     except GeneratorExit:
         raise
     except BaseException:
@@ -139,44 +141,51 @@ def _encode_source(
         raise
 
 
-def encode_leased(
-    core: ClientCore,
-    ranges: Sequence[FrameRange],
-    frames: VideoGeometry,
-    options: EncodeOptions,
-    on_progress: ProgressCallback | None,
-    timeout: float | None,
-) -> Steps[EncodeResult]:
-    clock = Clock()
-    att = yield from core.attach()
-    request = options.request(att.client_token, frames, ranges)
-    return (yield from _call_encode(core, request, clock, ResultBuilder(on_progress), timeout))
+def _filled(
+    job: EncodeJob,
+    att: Attachment,
+    plan: list[tuple[int, int]],
+    leases: list[Lease],
+    landing: FramesLanding | None,
+    next_lease_bytes: int,
+) -> Steps[pb.EncodeRequest]:
+    """The request for the frames copied into `leases` (the audio track's first)."""
+    source, pcm, clock = job.source, job.pcm, job.clock
+    audio_data = audio_in(pcm, leases[0]) if pcm is not None else None
+    ranges = []
+    for (first, count), lease in zip(plan, leases[len(leases) - len(plan) :], strict=True):
+        if landing is not None:
+            landing.copy_later(lease.array, first, count)
+        else:
+            with clock.copying():
+                yield copy_step(source, lease.array, first, count)
+        ranges.append(FrameRange(lease, count))
+    request = job.options.request(
+        att.client_token,
+        VideoGeometry(source.width, source.height, source.pixel_format),
+        ranges,
+        next_lease_bytes=next_lease_bytes,
+        audio=pcm.spec() if pcm is not None else None,
+        audio_data=audio_data,
+    )
+    if landing is not None:  # sent now; its copies are queued and counted after
+        request.landed_count_offset = landing.count_in(leases[-1])
+    else:
+        with clock.copying():
+            yield Work(source.finish, long=True)
+        clock.transferred()
+    return request
 
 
-def _call_encode(
-    core: ClientCore,
-    request: pb.EncodeRequest,
-    clock: Clock,
-    builder: ResultBuilder,
-    timeout: float | None,
-    *,
-    small: bool = False,
-    landing: FramesLanding | None = None,
-) -> Steps[EncodeResult]:
-    """Ask for the encode and take the replies. A caller that wants no progress and no
-    chunks gets the result as one reply: on a kept connection to the daemon's framed
-    socket, whatever the video's length (its replies have no size limit to keep under);
-    else, when `small` (the output is a file or cannot come near a gRPC reply's 7 MiB),
-    on a kept EncodeSession call (no deadline), else as an EncodeOnce call; else on an
-    Encode stream. A stream costs a round of messages more than EncodeOnce (a sixth of a
-    small clip's time outside the daemon, when it was measured), EncodeOnce a new call
-    more than a kept session, and a kept session gRPC's threads and HTTP/2 more than the
-    framed socket. A request whose frames still land (`landing`) has them counted between
-    sending it and reading the reply on the framed socket; any other way waits for them
-    first."""
+def call_encode(core: ClientCore, out: Outgoing, way: RequestWay) -> Steps[EncodeResult]:
+    """Ask for the encode on `way` and take the replies; the result. A request whose
+    frames still land (`out.landing`) has them counted between sending it and reading
+    the reply on the framed socket; any other way waits for them first."""
     asked_at = time.monotonic()
+    builder = out.builder
     try:
-        yield from _ask(core, request, builder, timeout, small, landing)
+        yield from _ask_served(core, out, way)
+        yield from _output_from_lease(core, builder)
     except GeneratorExit:
         raise
     except BaseException:
@@ -186,52 +195,39 @@ def _call_encode(
         handed = {lease.lease_id for lease in (builder.data_lease, builder.next_lease) if lease}
         yield from core.give_back(sorted(handed - {""}))
         raise
-    clock.stop()
+    out.clock.stop()
     yield from core.keep_spare(builder.next_lease, asked_at)
-    return builder.result(clock)
+    return builder.result(out.clock)
 
 
-def _ask(
-    core: ClientCore,
-    request: pb.EncodeRequest,
-    builder: ResultBuilder,
-    timeout: float | None,
-    small: bool,
-    landing: FramesLanding | None,
-) -> Steps[None]:
-    """Send the request and take every reply into `builder`, the output included."""
-    deadline = timeout or core.timeout
-    while not builder.wants_events and not builder.has_result:
-        way = core.one_reply_way(deadline)
-        if way != "Framed" and not small:
-            break
+def _ask_served(core: ClientCore, out: Outgoing, way: RequestWay) -> Steps[None]:
+    """Ask `way`, or the next one chosen while the daemon refuses it as UNIMPLEMENTED (an
+    older daemon, or a framed socket out of reach: it never saw the request). A way
+    refused, or out of reach, since it was chosen is not asked."""
+    while way.name in REFUSABLE:
+        if not core.serves(way.name):
+            way = out.rechoose()
+            continue
         try:
-            if landing is not None and way != "Framed":
-                yield Work(landing, long=True)
-            if way in ("Framed", "EncodeSession"):
-                framed = core.framed if way == "Framed" else ""
-                reply: pb.SessionReply = yield Exchange(request, framed, deadline, landing)
-                if reply.HasField("error"):
-                    raise error_from_session(reply.error)
-                builder.take_result(reply.result)
-            elif way == "EncodeOnce":
-                builder.take_result((yield Call("EncodeOnce", request, deadline)))
-            else:
-                break
+            return (yield from way.ask(core, out))
         except ServerError as err:
             if err.code != grpc.StatusCode.UNIMPLEMENTED:
                 raise
-            core.unimplemented(way, str(err))  # an older daemon: it never saw the request
-    if not builder.has_result:
-        if landing is not None:
-            yield Work(landing, long=True)
-        yield Replies(request, deadline, builder.feed)
-    if builder.data_lease is not None:  # the output came back through shared memory
-        lease = core.leased(builder.data_lease)
-        builder.take_from_lease(lease.array)
-        if not builder.data_in_next_lease:  # else it is the spare, kept by the caller
-            yield from core.give_back([lease])
-            builder.data_lease = None
+            core.unimplemented(way.name, str(err))
+            way = out.rechoose()
+    yield from way.ask(core, out)
+
+
+def _output_from_lease(core: ClientCore, builder: ResultBuilder) -> Steps[None]:
+    """The output, when it came back through shared memory: copied out, the lease given
+    back (unless it is the spare, kept for the next request)."""
+    if builder.data_lease is None:
+        return
+    lease = core.leased(builder.data_lease)
+    builder.take_from_lease(lease.array)
+    if not builder.data_in_next_lease:
+        yield from core.give_back([lease])
+        builder.data_lease = None
 
 
 class FramesLanding:

@@ -111,7 +111,7 @@ class EncodeOptions:
             audio_data=audio_data or [],
             data_in_result=True,  # ResultBuilder reads it
             data_in_lease=True,  # frames in leases: this client maps the slabs
-            data_in_next_lease=True,  # _call_encode copies it out before keeping the lease
+            data_in_next_lease=True,  # call_encode copies it out before keeping the lease
         )
 
     def header(

@@ -15,6 +15,24 @@ from ._errors import ServerError
 from ._slabs import SlabInfo
 from ._types import Attachment, EncodeResult, Status, Timings
 
+# Fields the client's types take as the daemon's messages name them.
+DAEMON_STAGES = tuple(
+    f"{stage}_ms" for stage in ("queue", "validate", "open", "convert", "encode", "mux", "finalize")
+)
+RESULT_FIELDS = (
+    "frames", "width", "height", "codec", "container", "size_bytes", "request_id",
+    "audio_samples",
+)  # fmt: skip
+STATUS_FIELDS = (
+    "server_version", "instance_id", "uptime_s", "active_encodes", "queued_encodes",
+    "max_concurrent_encodes", "clients", "encoder_processes",
+)  # fmt: skip
+
+
+def same_named(message: Any, fields: tuple[str, ...]) -> dict[str, Any]:
+    """`fields` of `message`, by name: for a type whose fields are named as its."""
+    return {name: getattr(message, name) for name in fields}
+
 
 class Clock:
     """The client's stages of one call, in milliseconds (see `Timings`)."""
@@ -146,34 +164,20 @@ class ResultBuilder:
         data = b"".join(self._chunks) if not r.path else None
         if data is not None and len(data) != r.size_bytes:
             raise ServerError(f"received {len(data)} bytes, the daemon reported {r.size_bytes}")
-        t = r.timings
         timings = Timings(
             lease_ms=clock.lease_ms,
             copy_ms=clock.copy_ms,
-            queue_ms=t.queue_ms,
-            validate_ms=t.validate_ms,
-            open_ms=t.open_ms,
-            convert_ms=t.convert_ms,
-            encode_ms=t.encode_ms,
-            mux_ms=t.mux_ms,
-            finalize_ms=t.finalize_ms,
-            daemon_ms=t.total_ms,
+            daemon_ms=r.timings.total_ms,
             transfer_ms=clock.transfer_ms,
             total_ms=clock.total_ms(),
+            **same_named(r.timings, DAEMON_STAGES),
         )
         return EncodeResult(
             data=data,
             path=r.path or None,
-            frames=r.frames,
             duration=r.duration_s,
-            width=r.width,
-            height=r.height,
-            codec=r.codec,
-            container=r.container,
-            size_bytes=r.size_bytes,
-            request_id=r.request_id,
             timings=timings,
-            audio_samples=r.audio_samples,
+            **same_named(r, RESULT_FIELDS),
         )
 
 
@@ -208,16 +212,9 @@ def status_from_proto(resp: pb.StatusResponse) -> Status:
     counters["errors"] = {k: int(v) for k, v in resp.counters.errors.items()}
     counters["lease_refusals"] = {k: int(v) for k, v in resp.counters.lease_refusals.items()}
     return Status(
-        server_version=resp.server_version,
-        instance_id=resp.instance_id,
-        uptime_s=resp.uptime_s,
         pool={k: int(v) for k, v in as_dict(resp.pool).items()},
-        active_encodes=resp.active_encodes,
-        queued_encodes=resp.queued_encodes,
-        max_concurrent_encodes=resp.max_concurrent_encodes,
-        clients=resp.clients,
         counters=counters,
-        encoder_processes=resp.encoder_processes,
+        **same_named(resp, STATUS_FIELDS),
         lease_waiters=[
             {"client": w.client, "bytes": w.bytes, "regions": w.regions, "waited_s": w.waited_s}
             for w in resp.lease_waiters

@@ -49,18 +49,25 @@ class Replies:
 
 @dataclass(frozen=True)
 class Exchange:
-    """One request on a kept session, which the driver keeps open for the next one (one
-    per request in flight, reused): a connection to the framed socket at `framed`, which
-    also takes leases and releases, else an EncodeSession call (encodes only). The driver
-    returns the `FramedReply` or `SessionReply`, which read alike. `timeout` is the
-    client's own, on the framed socket only (a request on a kept call cannot carry one).
-    `landing`, framed only, runs between sending the request and reading its reply, to
-    its end whatever happens: it waits for the request's frames to land, counting them."""
+    """One request on a connection to the daemon's framed socket at `framed`, which the
+    driver keeps open for the next one (one per request in flight, reused). The driver
+    returns the `FramedReply`. `timeout` is the client's own. `landing` runs between
+    sending the request and reading its reply, to its end whatever happens: it waits for
+    the request's frames to land, counting them."""
 
     request: pb.EncodeRequest | pb.LeaseRequest | pb.ReleaseRequest
-    framed: str = ""
+    framed: str
     timeout: float | None = None
     landing: Callable[[], None] | None = None
+
+
+@dataclass(frozen=True)
+class SessionAsk:
+    """One encode on a kept EncodeSession call, which the driver keeps open for the next
+    one (one per request in flight, reused). The driver returns the `SessionReply`, which
+    reads as a `FramedReply`. A request on a kept call cannot carry a deadline."""
+
+    request: pb.EncodeRequest
 
 
 @dataclass(frozen=True)
@@ -109,7 +116,7 @@ class OnStream:
     message: pb.StreamRequest | None = None
 
 
-Op = Call | Replies | Exchange | Work | Exclusive | OpenStream | OnStream
+Op = Call | Replies | Exchange | SessionAsk | Work | Exclusive | OpenStream | OnStream
 Steps = Generator[Op, Any, T]
 
 

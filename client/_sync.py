@@ -2,31 +2,22 @@
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
-from collections.abc import Iterator
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
 from sidecar.api.v1 import sidecar_pb2 as pb
 
+from . import _steps as ops
 from ._api import ClientApi
 from ._channel import fork_generation, keep_after_fork, open_channel
 from ._errors import SidecarUnavailable
-from ._framed import FramedConnection, Landing, Request
-from ._steps import (
-    Call,
-    Exchange,
-    Exclusive,
-    OnStream,
-    Op,
-    OpenStream,
-    Replies,
-    Steps,
-    Work,
-    run_blocking,
-)
+from ._framed import FramedConnection
+from ._steps import Op, Steps, run_blocking
 from ._stream import StreamCore, StreamFace
 from ._types import Attachment, EncodeResult, Lease, Status
 
@@ -64,20 +55,20 @@ class SidecarClient(ClientApi[EncodeResult, "VideoStream"]):
     def _perform(self, op: Op) -> Any:
         if self._generation != fork_generation():
             self._connect()  # a child after fork: the parent's channel is not usable here
-        if isinstance(op, Work):
+        if isinstance(op, ops.Work):
             return op.run()
-        if isinstance(op, Call):
+        if isinstance(op, ops.Call):
             return getattr(self._stubs[op.service], op.method)(op.request, timeout=op.timeout)
-        if isinstance(op, Exchange):
+        if isinstance(op, ops.Exchange | ops.SessionAsk):
             return self._sessions.exchange(op)
-        if isinstance(op, Replies):
+        if isinstance(op, ops.Replies):
             for event in self._stubs["sidecar"].Encode(op.request, timeout=op.timeout):
                 op.feed(event)
             return None
-        if isinstance(op, Exclusive):
+        if isinstance(op, ops.Exclusive):
             with self._lock:
                 return self._run(op.steps)
-        if isinstance(op, OpenStream):
+        if isinstance(op, ops.OpenStream):
             return _StreamCall(self._stubs["sidecar"], op)
         return op.call.act(op)
 
@@ -169,7 +160,7 @@ class VideoStream(StreamFace):
 class _StreamCall:
     """An EncodeStream call: requests through a queue, replies read on a thread."""
 
-    def __init__(self, stub: Any, op: OpenStream) -> None:
+    def __init__(self, stub: Any, op: ops.OpenStream) -> None:
         self._requests: queue.Queue[pb.StreamRequest | None] = queue.Queue()
         self._requests.put(op.header)
         self._call = stub.EncodeStream(iter(self._requests.get, None), timeout=op.timeout)
@@ -178,12 +169,12 @@ class _StreamCall:
         )
         self._reader.start()
 
-    def _read(self, op: OpenStream) -> None:
+    def _read(self, op: ops.OpenStream) -> None:
         with op.reader.reading():
             for event in self._call:
                 op.reader.take_reply(event)
 
-    def act(self, op: OnStream) -> None:
+    def act(self, op: ops.OnStream) -> None:
         if op.action == "send":
             self._requests.put(op.message)
             return
@@ -196,43 +187,64 @@ class _StreamCall:
         self._reader.join()
 
 
+class _Kept(Protocol):
+    """A framed connection or an EncodeSession call, kept between requests."""
+
+    @property
+    def open(self) -> bool: ...
+
+    def end(self, *, cancel: bool = False) -> None: ...
+
+
+K = TypeVar("K", bound=_Kept)
+
+
 class _Sessions:
-    """Sessions kept open between encodes: framed connections (by socket path) and
-    EncodeSession calls, one per encode in flight, each taken by one request at a time
-    and put back after its reply."""
+    """Connections kept open between requests, one per request in flight, each taken by
+    one request at a time and put back after its reply: framed connections, by socket
+    path, and EncodeSession calls."""
 
     def __init__(self, stub: Any) -> None:
         self._stub = stub
-        self._idle: dict[str, list[_Session | FramedConnection]] = {}
+        self._framed: dict[str, list[FramedConnection]] = {}
+        self._calls: list[_Session] = []
         self._lock = threading.Lock()
 
-    def exchange(self, op: Exchange) -> pb.SessionReply | pb.FramedReply:
-        session = self._take(op.framed)
+    def exchange(self, op: ops.Exchange | ops.SessionAsk) -> pb.SessionReply | pb.FramedReply:
+        if isinstance(op, ops.SessionAsk):
+            call = self._take(self._calls) or _Session(self._stub)
+            return self._ask(call, self._calls, functools.partial(call.ask, op.request))
+        idle = self._framed.setdefault(op.framed, [])
+        connection = self._take(idle) or FramedConnection(op.framed)
+        ask = functools.partial(connection.ask, op.request, op.timeout, op.landing)
+        return self._ask(connection, idle, ask)
+
+    def _ask(self, kept: _Kept, idle: list[Any], ask: Callable[[], T]) -> T:
         try:
-            reply = session.ask(op.request, op.timeout, op.landing)
+            reply = ask()
         except BaseException:
-            session.end(cancel=True)  # in an unknown state: a reply may still come
+            kept.end(cancel=True)  # in an unknown state: a reply may still come
             raise
         with self._lock:
-            self._idle.setdefault(op.framed, []).append(session)
+            idle.append(kept)
         return reply
 
-    def _take(self, framed: str) -> _Session | FramedConnection:
+    def _take(self, idle: list[K]) -> K | None:
+        """An idle one still open; the ones the daemon ended (restart, shutdown) end."""
         with self._lock:
-            idle = self._idle.get(framed, [])
             while idle:
-                session = idle.pop()
-                if session.open:
-                    return session
-                session.end()  # the daemon ended it (restart, shutdown): a new one
-        return FramedConnection(framed) if framed else _Session(self._stub)
+                kept = idle.pop()
+                if kept.open:
+                    return kept
+                kept.end()
+        return None
 
     def close(self) -> None:
         with self._lock:
-            idle, self._idle = self._idle, {}
-        for sessions in idle.values():
-            for session in sessions:
-                session.end()
+            idle: list[_Kept] = [*self._calls, *(c for cs in self._framed.values() for c in cs)]
+            self._framed, self._calls = {}, []
+        for kept in idle:
+            kept.end()
 
 
 class _Session:
@@ -247,11 +259,7 @@ class _Session:
     def open(self) -> bool:
         return not self._replies.done()
 
-    def ask(
-        self, request: Request, timeout: float | None = None, landing: Landing | None = None
-    ) -> pb.SessionReply:
-        # Leases go on the framed socket only, and so do requests whose frames still land.
-        assert isinstance(request, pb.EncodeRequest) and landing is None
+    def ask(self, request: pb.EncodeRequest) -> pb.SessionReply:
         self._requests.put(request)
         try:
             return next(self._replies)  # type: ignore[no-any-return]

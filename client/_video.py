@@ -203,18 +203,7 @@ def prepare_video(
         raise InvalidVideo(
             f"unknown pixel_format {pixel_format!r}; use one of {', '.join(PIXEL_FORMATS)}"
         )
-    torch: Any = None
-    if is_torch_tensor(video):
-        import torch  # the caller already imported it
-
-        video = video.detach()
-    elif not isinstance(video, np.ndarray):
-        raise InvalidVideo(f"expected a numpy array or torch tensor, got {type(video).__name__}")
-
-    dtype = dtype_name(video)
-    if dtype != "uint8" and dtype not in FLOAT_DTYPES:
-        raise InvalidVideo(f"dtype {dtype}: expected uint8, float16, bfloat16, float32 or float64")
-
+    video, torch, dtype = _checked_array(video)
     if is_planar420(pixel_format) and video.ndim == 3:
         if torch is not None or dtype != "uint8" or video.shape[1] % 3:
             raise InvalidVideo(
@@ -231,13 +220,7 @@ def prepare_video(
         # RGB on a GPU is converted there (one fused kernel), off the daemon's request
         # path; "rgb24" keeps the daemon's byte-exact conversion as a choice.
         pixel_format = "yuv420p"
-    wire = wire_format(view.shape[3], pixel_format)
-    if is_planar420(wire) and (view.shape[1] % 2 or view.shape[2] % 2):
-        raise InvalidVideo(
-            f"{view.shape[2]}x{view.shape[1]}: {wire} needs an even width and height"
-        )
-    scale, offset = check_value_range(value_range)
-    conversion = Conversion(wire, scale, offset, integer=dtype == "uint8")
+    conversion = _conversion(view, pixel_format, value_range, integer=dtype == "uint8")
     if device not in ("cpu", "cuda"):
         raise InvalidVideo(f"tensor on {video.device}: only CPU and CUDA tensors are supported")
     if device == "cuda" and cuda is None:
@@ -249,3 +232,32 @@ def prepare_video(
     if device == "cuda":
         return cuda(view, conversion)  # type: ignore[no-any-return]
     return ArrayVideo(view, conversion, Ops(torch))
+
+
+def _checked_array(video: Any) -> tuple[Any, Any, str]:
+    """(the video, detached if a tensor; torch, if it is one, else None; its dtype's
+    name), once it is an array of a dtype the client takes."""
+    torch: Any = None
+    if is_torch_tensor(video):
+        import torch  # the caller already imported it
+
+        video = video.detach()
+    elif not isinstance(video, np.ndarray):
+        raise InvalidVideo(f"expected a numpy array or torch tensor, got {type(video).__name__}")
+    dtype = dtype_name(video)
+    if dtype != "uint8" and dtype not in FLOAT_DTYPES:
+        raise InvalidVideo(f"dtype {dtype}: expected uint8, float16, bfloat16, float32 or float64")
+    return video, torch, dtype
+
+
+def _conversion(
+    view: Any, pixel_format: str | None, value_range: tuple[float, float], *, integer: bool
+) -> Conversion:
+    """How the (T, H, W, C) `view` becomes what travels."""
+    wire = wire_format(view.shape[3], pixel_format)
+    if is_planar420(wire) and (view.shape[1] % 2 or view.shape[2] % 2):
+        raise InvalidVideo(
+            f"{view.shape[2]}x{view.shape[1]}: {wire} needs an even width and height"
+        )
+    scale, offset = check_value_range(value_range)
+    return Conversion(wire, scale, offset, integer=integer)

@@ -106,6 +106,19 @@ def test_no_client_module_is_over_400_lines() -> None:
         assert len(path.read_text().splitlines()) <= 400, path.name
 
 
+def test_no_client_function_or_class_is_overlong() -> None:
+    """Functions of at most 60 lines, classes of at most 250: split by concern."""
+    long = []
+    for path in CLIENT_DIR.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            limit = 250 if isinstance(node, ast.ClassDef) else 60
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                if (node.end_lineno or first) - first + 1 > limit:
+                    long.append(f"{path.name}: {node.name}")
+    assert long == []
+
+
 def test_exception_tree_matches_its_documentation() -> None:
     doc = _errors.__doc__ or ""
     for name in client.__all__:

@@ -21,6 +21,7 @@ from client import (
     ServerError,
     SidecarUnavailable,
 )
+from client._choice import WayName
 from client._core import ClientCore
 from client._errors import error_for
 from client._steps import (
@@ -29,6 +30,7 @@ from client._steps import (
     Exclusive,
     Op,
     Replies,
+    SessionAsk,
     Steps,
     run_awaiting,
     run_blocking,
@@ -178,11 +180,11 @@ def test_calls_refused_together_attach_anew_once() -> None:
 def _ask_one_reply(
     c: ClientCore, timeout: float | None = None, *, small: bool = True
 ) -> Steps[Any]:
-    from client._encode import _call_encode
     from client._results import Clock, ResultBuilder
+    from client._send import send_request
 
     request = pb.EncodeRequest(client_token="t" * 32)
-    return _call_encode(c, request, Clock(), ResultBuilder(None), timeout, small=small)
+    return send_request(c, request, Clock(), ResultBuilder(None), timeout, small=small)
 
 
 def _performing(answers: dict[str, Callable[[], Any]], made: list[str]) -> Callable[[Op], Any]:
@@ -211,19 +213,19 @@ def test_an_older_daemon_gets_the_calls_it_knows() -> None:
     without seeing the request: the client asks the next way, and remembers."""
     c, made = core(), []
     older = {
-        "Exchange": _unimplemented,
+        "SessionAsk": _unimplemented,
         "EncodeOnce": _unimplemented,
         "Replies": lambda: pb.EncodeEvent(result=RESULT),
     }
     for _ in range(2):
         assert run_blocking(_ask_one_reply(c), _performing(older, made)).frames == 4
-    assert made == ["Exchange", "EncodeOnce", "Replies", "Replies"]
+    assert made == ["SessionAsk", "EncodeOnce", "Replies", "Replies"]
 
     c, made = core(), []
-    newer = {"Exchange": lambda: pb.SessionReply(result=RESULT), "EncodeOnce": lambda: RESULT}
+    newer = {"SessionAsk": lambda: pb.SessionReply(result=RESULT), "EncodeOnce": lambda: RESULT}
     run_blocking(_ask_one_reply(c), _performing(newer, made))
     run_blocking(_ask_one_reply(c, timeout=5), _performing(newer, made))  # a deadline
-    assert made == ["Exchange", "EncodeOnce"]
+    assert made == ["SessionAsk", "EncodeOnce"]
 
 
 def test_a_session_error_reply_is_raised_as_the_tree_says() -> None:
@@ -232,13 +234,13 @@ def test_a_session_error_reply_is_raised_as_the_tree_says() -> None:
         message="no lease 'x'",
         reason=pb.ERROR_REASON_LEASE_NOT_FOUND,
     )
-    answers = {"Exchange": lambda: pb.SessionReply(error=error)}
+    answers = {"SessionAsk": lambda: pb.SessionReply(error=error)}
     with pytest.raises(NotFound, match="no lease 'x'") as info:
         run_blocking(_ask_one_reply(core()), _performing(answers, []))
     assert info.value.reason is Reason.LEASE_NOT_FOUND
     # A code or reason newer than this client: a ServerError keeping the code, no reason.
     newer = pb.SessionError(code=42, message="new", reason=999)  # type: ignore[arg-type]
-    answers = {"Exchange": lambda: pb.SessionReply(error=newer)}
+    answers = {"SessionAsk": lambda: pb.SessionReply(error=newer)}
     with pytest.raises(ServerError) as unknown:
         run_blocking(_ask_one_reply(core()), _performing(answers, []))
     assert unknown.value.code is grpc.StatusCode.UNKNOWN and unknown.value.reason is None
@@ -252,8 +254,8 @@ def test_a_long_video_is_asked_in_one_reply_on_the_framed_socket_only() -> None:
     def perform(op: Op) -> Any:
         if isinstance(op, Exchange):
             asked.append(f"Exchange {op.framed}")
-            if op.framed:
-                return pb.SessionReply(result=RESULT)
+            return pb.FramedReply(result=RESULT)
+        if isinstance(op, SessionAsk):
             raise AssertionError("a long video on a gRPC session")
         asked.append(op.method if isinstance(op, Call) else type(op).__name__)
         if isinstance(op, Replies):
@@ -264,7 +266,7 @@ def test_a_long_video_is_asked_in_one_reply_on_the_framed_socket_only() -> None:
     c = core()
     c.framed = "/run/x.sock.framed"
     assert run_blocking(_ask_one_reply(c, small=False), perform).frames == 4
-    c.unimplemented("Framed", "gone")
+    c.unimplemented(WayName.FRAMED, "gone")
     assert run_blocking(_ask_one_reply(c, small=False), perform).frames == 4
     assert asked == ["Exchange /run/x.sock.framed", "Replies"]
 
@@ -356,8 +358,8 @@ def test_a_framed_connection_ended_before_its_reply_sends_the_lease_over_grpc() 
 def test_frames_still_landing_are_counted_on_the_framed_socket_or_waited_for_first() -> None:
     """On the framed socket the driver runs the landing between request and reply; on
     any other way (the socket unreachable) the core waits for the frames first, once."""
-    from client._encode import _call_encode
     from client._results import Clock, ResultBuilder
+    from client._send import send_request
     from client._steps import Work
 
     def ask(c: ClientCore, made: list[str], framed_works: bool) -> None:
@@ -372,19 +374,20 @@ def test_frames_still_landing_are_counted_on_the_framed_socket_or_waited_for_fir
             if isinstance(op, Work):
                 made.append("Work")
                 return op.run()
-            assert isinstance(op, Exchange)
-            made.append("Exchange " + ("framed" if op.framed else "session"))
-            if op.framed and not framed_works:
-                raise error_for(grpc.StatusCode.UNIMPLEMENTED, "no such file")
-            if op.framed:
+            if isinstance(op, Exchange):
+                made.append("Exchange framed")
+                if not framed_works:
+                    raise error_for(grpc.StatusCode.UNIMPLEMENTED, "no such file")
                 assert op.landing is landing
                 op.landing()  # as the drivers do, after sending
-            else:
-                assert landed, "a request on another way before its frames landed"
+                return pb.FramedReply(result=RESULT)
+            assert isinstance(op, SessionAsk)
+            made.append("Exchange session")
+            assert landed, "a request on another way before its frames landed"
             return pb.SessionReply(result=RESULT)
 
         request = pb.EncodeRequest(client_token="t" * 32, landed_count_offset=64)
-        steps = _call_encode(
+        steps = send_request(
             c,
             request,
             Clock(),

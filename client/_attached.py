@@ -1,0 +1,177 @@
+"""The client's I/O-free core, its first half: one attachment to a daemon.
+
+`AttachedCore` holds the target, the attachment and the slabs it maps, the CUDA state
+that registers them, fork awareness, and what this daemon and client serve for a request
+answered in one reply. `ClientCore` (`_core`) adds leases, videos and inspection.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import TypeVar
+
+from sidecar.api.v1 import sidecar_pb2 as pb
+from sidecar.vocabulary import Reason
+
+from ._channel import fork_generation, resolve_target
+from ._choice import WayName
+from ._cuda import CudaHost
+from ._errors import SidecarError, SidecarUnavailable
+from ._framed import framed_path
+from ._results import attachment_from_proto
+from ._slabs import SlabMap
+from ._spare import Spare
+from ._steps import Call, Exclusive, Steps, Work
+from ._types import Attachment
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+TRANSPORTS = ("auto", "shm", "inline")
+# A lease's wait with no bound of its own: as long as the pool moves, within the call's
+# timeout. The daemon refuses it once nothing in the pool has moved for its max wait.
+UNBOUNDED_WAIT = 24 * 3600.0
+
+
+def cuda_in_use() -> bool:
+    """Whether this process has started CUDA (through torch): a GPU worker."""
+    torch = sys.modules.get("torch")
+    return torch is not None and bool(torch.cuda.is_initialized())
+
+
+class AttachedCore:
+    """Target, attachment, slab mappings, CUDA state, fork detection, the ways served."""
+
+    def __init__(
+        self,
+        target: str | None,
+        *,
+        client_name: str,
+        timeout: float | None,
+        lease_wait: float | None,
+        transport: str,
+        sessions: bool = True,
+    ) -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport {transport!r}: use {', '.join(TRANSPORTS)}")
+        self.transport = transport
+        self.inline = transport == "inline"  # frames travel inside gRPC messages
+        self.target = resolve_target(target)
+        self.client_name = client_name or f"pid-{os.getpid()}"
+        self.timeout = timeout
+        # None: as long as the pool keeps moving (the daemon refuses a waiter once
+        # nothing in it has moved for its --max-lease-wait), within a call's timeout.
+        self.lease_wait = UNBOUNDED_WAIT if lease_wait is None else lease_wait
+        self.slabs = SlabMap()
+        self.cuda: CudaHost | None = None
+        self.attachment: Attachment | None = None
+        self._generation = fork_generation()
+        self.spare = Spare()
+        # gRPC one-reply ways this daemon has not refused as UNIMPLEMENTED (an older one),
+        # and the driver can make: `sessions`, whether it keeps EncodeSession calls.
+        self._grpc_ways = {WayName.SESSION, WayName.ONCE} if sessions else {WayName.ONCE}
+        # The daemon's framed socket (see `_framed`), as the last Attach named it; "" once
+        # it could not be reached, until the next Attach.
+        self.framed = ""
+
+    # -- what this daemon and client serve -----------------------------------------------
+
+    def one_reply_way(self, deadline: float | None) -> WayName:
+        """The cheapest way served now for a request answered in one reply: "Framed" (the
+        framed socket), "EncodeSession" (a kept call; it has no per-request deadline, so
+        only without one), "EncodeOnce", or "Encode" when the daemon has none of them.
+        `choose_way` asks it when its choice turns on it."""
+        if self.framed:
+            return WayName.FRAMED
+        if deadline is None and WayName.SESSION in self._grpc_ways:
+            return WayName.SESSION
+        return WayName.ONCE if WayName.ONCE in self._grpc_ways else WayName.REPLIES
+
+    def serves(self, way: WayName) -> bool:
+        """Whether `way` is still served: not refused, nor out of reach, since chosen."""
+        if way is WayName.FRAMED:
+            return bool(self.framed)
+        return way not in (WayName.SESSION, WayName.ONCE) or way in self._grpc_ways
+
+    def unimplemented(self, way: WayName, why: str = "") -> None:
+        """The daemon lacks `way` (or its framed socket cannot be reached): ask the next."""
+        if way is WayName.FRAMED:
+            log.info("%s; using gRPC until the next attach", why or "no framed socket")
+            self.framed = ""
+        self._grpc_ways.discard(way)
+
+    @property
+    def unary_timeout(self) -> float:
+        return self.timeout or 10.0
+
+    # -- fork awareness ------------------------------------------------------------------
+
+    def forked(self) -> bool:
+        """True once in a child after fork: the parent's token and spare lease are not
+        this process's to use or give back. The child keeps the inherited slab mappings
+        (they stay valid); `CudaHost` forgets the CUDA registrations on its own."""
+        if self._generation == fork_generation():
+            return False
+        self._generation = fork_generation()
+        self.attachment = None
+        self.spare.drop()
+        return True
+
+    # -- attach --------------------------------------------------------------------------
+
+    def attach(self, *, refresh: bool = False) -> Steps[Attachment]:
+        """Attach (once) and map the daemon's slabs; `refresh` attaches anew."""
+        self.forked()
+        if self.attachment is not None and not refresh:
+            return self.attachment
+        stale = self.attachment if refresh else None
+        attachment: Attachment = yield Exclusive(self._attach(stale))
+        return attachment
+
+    def _attach(self, stale: Attachment | None) -> Steps[Attachment]:
+        # Under the lock. One that another call made meanwhile will do, unless stale.
+        if self.attachment is not None and self.attachment is not stale:
+            return self.attachment
+        request = pb.AttachRequest(client_name=self.client_name, pid=os.getpid())
+        resp = yield Call("Attach", request, self.unary_timeout)
+        attachment = attachment_from_proto(resp)
+        if self.transport != "inline":
+            self._map_slabs(attachment)
+        self.attachment = attachment
+        self.framed = framed_path(self.target, resp.framed_socket, resp.framed_version)
+        self.spare.drop()  # leases belong to the old token
+        if not self.inline and cuda_in_use():  # a GPU worker: none of it in a request
+            yield Work(self.cuda_host().warm_up, long=True)
+        return attachment
+
+    def _map_slabs(self, attachment: Attachment) -> None:
+        try:
+            self.slabs.map(attachment.instance_id, attachment.shm_dir, list(attachment.slabs))
+        except SidecarUnavailable:
+            if self.transport == "shm":
+                raise
+            # Not on the daemon's host (or not in its IPC namespace): send frames inline.
+            log.info("shared memory out of reach, sending frames inline: %s", self.target)
+            self.inline = True
+
+    def reattached(self, steps: Callable[[], Steps[T]]) -> Steps[T]:
+        """Run `steps`, once more after attaching again if the daemon no longer knows our
+        token (it restarted). Calls that fail together attach anew once."""
+        used = self.attachment
+        try:
+            return (yield from steps())
+        except SidecarError as err:
+            if err.reason is not Reason.NOT_ATTACHED:
+                raise
+        stale = used if used is not None else self.attachment
+        yield Exclusive(self._attach(stale))
+        return (yield from steps())
+
+    def cuda_host(self) -> CudaHost:
+        if self.cuda is None:
+            self.cuda = CudaHost(self.slabs)
+            self.slabs.before_unmap = self.cuda.unregister
+        return self.cuda
