@@ -28,18 +28,19 @@ import re
 import shutil
 import socket
 import statistics
-import struct
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 
+from sidecar.api import framing
 from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.tools.launcher import DaemonProcess
@@ -89,15 +90,15 @@ def innocent(socket_path: str, stop: Any, answers: Any) -> None:
         stub, framed = pb_grpc.VideoSidecarStub(channel), Framed(f"{socket_path}.framed")
         token = stub.Attach(pb.AttachRequest(client_name="innocent")).client_token
         release = pb.FramedRequest(release=pb.ReleaseRequest(client_token=token, tag="t"))
-        data = struct.pack(">I", release.ByteSize()) + release.SerializeToString()
-        framed.ask(b"VSF2", data, 30)  # connected
+        data = framing.pack(release)
+        framed.ask(data, 30)  # connected
         while not stop.wait(INNOCENT_EVERY_S):
             try:
                 t = time.monotonic()
                 stub.Status(pb.StatusRequest(), timeout=30)
                 waits.append(time.monotonic() - t)
                 t = time.monotonic()
-                framed.ask(b"VSF2", data, 30)
+                framed.ask(data, 30)
                 waits.append(time.monotonic() - t)
             except grpc.RpcError:
                 break  # the daemon is gone
@@ -196,27 +197,27 @@ class Session:
 
 class Framed:
     """A connection to the daemon's framed socket kept across requests, as the client
-    keeps it: "VSF2", or "VSF1" for `raw`, which sends EncodeRequest bytes as given. A
-    hostile `preamble` or a broken frame ends it, and the next request opens another."""
+    keeps it; `raw` sends FramedRequest bytes as given. A hostile preamble or a broken
+    frame ends it, and the next request opens another."""
 
     def __init__(self, path: str, raw: bool = False) -> None:
         self.path, self.raw = path, raw
-        self.preamble = b"VSF1" if raw else b"VSF2"
         self.sock: socket.socket | None = None
 
     def __call__(self, request: Any, timeout: float | None = None) -> pb.EncodeResult:
         data = request if self.raw else pb.FramedRequest(encode=request).SerializeToString()
-        reply = self.ask(self.preamble, struct.pack(">I", len(data)) + data, timeout)
+        reply = self.ask(framing.frame(data), timeout)
         if reply is None:  # hung up where a reply was due: a server error
             raise ReplyError(pb.SessionError(code=grpc.StatusCode.UNKNOWN.value[0]))
         if reply.HasField("error"):
             raise ReplyError(reply.error)
         return reply.result
 
-    def ask(self, preamble: bytes, data: bytes, timeout: float | None) -> pb.FramedReply | None:
-        """Send `data` (after `preamble` on a new connection) and read one reply, as a
-        FramedReply (a SessionReply reads the same); None if the daemon closed the
-        connection instead."""
+    def ask(
+        self, data: bytes, timeout: float | None, preamble: bytes = framing.PREAMBLE
+    ) -> pb.FramedReply | None:
+        """Send `data` (after `preamble` on a new connection) and read one reply; None if
+        the daemon closed the connection instead."""
         if self.sock is None:
             self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self.sock.settimeout(timeout)
@@ -224,8 +225,8 @@ class Framed:
             data = preamble + data
         try:
             self.sock.sendall(data)
-            header = self._exactly(4)
-            body = self._exactly(struct.unpack(">I", header)[0]) if header else None
+            header = self._exactly(framing.HEADER_BYTES)
+            body = self._exactly(framing.length(header)) if header else None
         except OSError:
             body = None
         if body is None:
@@ -249,8 +250,9 @@ class Framed:
             self.sock = None
 
 
-class Fuzzer:
-    """One client thread: its own channel, token, slab mappings, random stream and tallies."""
+class SoakClient:
+    """One client thread's connections: its own channel, token, slab mappings, random stream
+    and tallies."""
 
     def __init__(self, socket: str, scratch: Path, seed: int) -> None:
         self.channel = grpc.insecure_channel(f"unix:{socket}")
@@ -331,6 +333,136 @@ class Fuzzer:
             self.problems.append(f"(c) {kind} refused with {code}, then Release said {released}")
 
     # -- request kinds ---------------------------------------------------------------------
+
+
+class FramedFuzzing(SoakClient):
+    """What is thrown at the framed socket's own framing and limits, and encodes left by
+    their clients."""
+
+    def hostile_framed(self) -> None:
+        """The framed socket's own framing broken: a wrong preamble, a length over the
+        limit, a message cut short. The daemon must hang up or refuse, and keep serving."""
+        r, connection = self.r, Framed(self.framed.path, raw=True)
+        pick = r.random()
+        try:
+            if pick < 0.4:
+                reply = connection.ask(framing.frame(b"ab"), 30, r.randbytes(4))
+                kind, bad = "framed-preamble", reply is not None
+            elif pick < 0.7:
+                size = r.choice([8 * 1024 * 1024 + 1, 2**31, 2**32 - 1])
+                reply = connection.ask(framing.header(size) + b"x" * 16, 30)
+                kind = "framed-oversized"
+                bad = reply is None or reply.error.code != grpc.StatusCode.INVALID_ARGUMENT.value[0]
+            else:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as cut:
+                    cut.settimeout(30)
+                    cut.connect(self.framed.path)
+                    cut.sendall(
+                        framing.PREAMBLE + framing.header(r.randrange(9, 4096)) + r.randbytes(8)
+                    )
+                kind, bad = "framed-cut", False
+        except OSError as exc:
+            kind, bad = "framed-error", True
+            self.problems.append(f"framed socket: {exc}")
+        finally:
+            connection.close()
+        self.codes[kind + (":UNEXPECTED" if bad else ":OK")] += 1
+        if bad:
+            self.problems.append(f"{kind}: the daemon answered a broken frame wrongly")
+
+    def full_size(self) -> None:
+        """A request of nearly the largest message, refused: millions of empty frame
+        ranges, or half a million encoder options, on either transport. Each decodes to
+        hundreds of MiB, which must go as soon as it is refused. Made once, up front: a
+        client building one holds its own GIL for most of a second."""
+        r = self.r
+        kind, (grpc_bytes, framed_bytes) = r.choice(list(self.full.items()))
+        if r.random() < 0.5:
+            self.call(kind + "-grpc", self.channel.unary_unary(SERVICE + "EncodeOnce"), grpc_bytes)
+            return
+        connection = Framed(self.framed.path)
+        try:
+            reply = connection.ask(framing.frame(framed_bytes), 30)
+        finally:
+            connection.close()
+        code = (
+            "HUNG_UP" if reply is None else CODE_OF.get(reply.error.code, grpc.StatusCode.OK).name
+        )
+        self.codes[f"{kind}-framed:{code}"] += 1
+        if code != "INVALID_ARGUMENT":
+            self.offending[f"{kind}-framed -> {code}"] += 1
+
+    def abandoned(self) -> None:
+        """An encode at the costliest settings the daemon allows (veryslow, lookahead 60),
+        left by its client while the encoder works or drains: a stream (an encoder
+        thread), or a whole video on the framed socket (an encoder process). When it
+        stopped is read from the daemon's log at the end (`stop_latencies`)."""
+        r = self.r
+        request_id = f"abandon-{self.seed}-{len(self.abandoned_at)}"
+        frames = bytes(r.randbytes(SLOW_FRAMES * SLOW_FRAME))
+        codec = pb.CodecOptions(preset="veryslow", extra={"x264-params": "rc-lookahead=60"})
+        geometry = {"width": SLOW_SIZE[0], "height": SLOW_SIZE[1], "pixel_format": 1}
+        sent = time.monotonic()
+        if r.random() < 0.5:
+            header = pb.StreamHeader(
+                client_token=self.token, request_id=request_id, codec=codec, fps=fps(), **geometry
+            )
+            header.output.container = CONTAINERS["fmp4"]  # type: ignore[assignment]
+            gate = threading.Event()
+
+            def feed() -> Iterator[pb.StreamRequest]:
+                yield pb.StreamRequest(header=header)
+                for start in range(0, len(frames), 1 << 20):
+                    yield chunk(inline=frames[start : start + (1 << 20)])
+                yield pb.StreamRequest(end=pb.StreamEnd())
+                gate.wait(30)
+
+            reply = self.stub.EncodeStream(feed(), timeout=60)
+            time.sleep(r.uniform(0.3, 1.5))
+            reply.cancel()
+            gate.set()
+            kind = "abandoned-stream"
+        else:
+            size = len(frames)
+            lease = self.stub.Lease(pb.LeaseRequest(client_token=self.token, size=size), timeout=30)
+            self.maps[lease.slab_id][lease.offset : lease.offset + size] = frames
+            video = pb.VideoDescriptor(fps=fps(), **geometry)
+            video.ranges.add(lease_id=lease.lease_id, frame_count=SLOW_FRAMES)
+            request = pb.EncodeRequest(
+                client_token=self.token, request_id=request_id, video=video, codec=codec
+            )
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.connect(self.framed.path)
+                sock.sendall(framing.PREAMBLE + framing.pack(framing.wrap(request)))
+                time.sleep(r.uniform(0.3, 1.5))
+            self.release(lease.lease_id, "release-abandoned")  # freed by the encode: NOT_FOUND
+            kind = "abandoned-framed"
+        self.abandoned_at[request_id] = (sent, time.monotonic(), kind)
+        self.codes[f"{kind}:LEFT"] += 1
+
+    def half_sent(self) -> None:
+        """A framed message begun and not finished, the connection left open: the daemon
+        must give up on it (and its buffer) by itself."""
+        r = self.r
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(5)
+            sock.connect(self.framed.path)
+            sock.sendall(
+                framing.PREAMBLE + framing.header(8 * 1024 * 1024) + bytes(r.choice([1, 1 << 20]))
+            )
+        except OSError:
+            sock.close()
+            self.codes["half-sent:REFUSED"] += 1
+            return
+        self.left_open.append(sock)
+        while len(self.left_open) > HALF_SENT_KEPT:  # the oldest go: the daemon may have ended them
+            self.left_open.pop(0).close()
+        self.codes["half-sent:LEFT"] += 1
+
+
+class Fuzzer(FramedFuzzing):
+    """One client thread's mix of valid and hostile requests, on every transport."""
 
     def descriptor(self) -> None:
         """A random, mostly hostile descriptor against a real lease."""
@@ -474,127 +606,6 @@ class Fuzzer:
             fn = self.r.choice([self.raw_session, self.raw_framed])
         self.call(f"raw-{method}", fn, payload)
 
-    def hostile_framed(self) -> None:
-        """The framed socket's own framing broken: a wrong preamble, a length over the
-        limit, a message cut short. The daemon must hang up or refuse, and keep serving."""
-        r, connection = self.r, Framed(self.framed.path, raw=True)
-        pick = r.random()
-        try:
-            if pick < 0.4:
-                reply = connection.ask(r.randbytes(4), b"\x00\x00\x00\x02ab", 30)
-                kind, bad = "framed-preamble", reply is not None
-            elif pick < 0.7:
-                size = r.choice([8 * 1024 * 1024 + 1, 2**31, 2**32 - 1])
-                preamble = r.choice([b"VSF1", b"VSF2"])
-                reply = connection.ask(preamble, struct.pack(">I", size) + b"x" * 16, 30)
-                kind = "framed-oversized"
-                bad = reply is None or reply.error.code != grpc.StatusCode.INVALID_ARGUMENT.value[0]
-            else:
-                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as cut:
-                    cut.settimeout(30)
-                    cut.connect(self.framed.path)
-                    cut.sendall(b"VSF1" + struct.pack(">I", r.randrange(9, 4096)) + r.randbytes(8))
-                kind, bad = "framed-cut", False
-        except OSError as exc:
-            kind, bad = "framed-error", True
-            self.problems.append(f"framed socket: {exc}")
-        finally:
-            connection.close()
-        self.codes[kind + (":UNEXPECTED" if bad else ":OK")] += 1
-        if bad:
-            self.problems.append(f"{kind}: the daemon answered a broken frame wrongly")
-
-    def full_size(self) -> None:
-        """A request of nearly the largest message, refused: millions of empty frame
-        ranges, or half a million encoder options, on either transport. Each decodes to
-        hundreds of MiB, which must go as soon as it is refused. Made once, up front: a
-        client building one holds its own GIL for most of a second."""
-        r = self.r
-        kind, (grpc_bytes, framed_bytes) = r.choice(list(self.full.items()))
-        if r.random() < 0.5:
-            self.call(kind + "-grpc", self.channel.unary_unary(SERVICE + "EncodeOnce"), grpc_bytes)
-            return
-        connection = Framed(self.framed.path)
-        try:
-            reply = connection.ask(b"VSF2", struct.pack(">I", len(framed_bytes)) + framed_bytes, 30)
-        finally:
-            connection.close()
-        code = (
-            "HUNG_UP" if reply is None else CODE_OF.get(reply.error.code, grpc.StatusCode.OK).name
-        )
-        self.codes[f"{kind}-framed:{code}"] += 1
-        if code != "INVALID_ARGUMENT":
-            self.offending[f"{kind}-framed -> {code}"] += 1
-
-    def abandoned(self) -> None:
-        """An encode at the costliest settings the daemon allows (veryslow, lookahead 60),
-        left by its client while the encoder works or drains: a stream (an encoder
-        thread), or a whole video on the framed socket (an encoder process). When it
-        stopped is read from the daemon's log at the end (`stop_latencies`)."""
-        r = self.r
-        request_id = f"abandon-{self.seed}-{len(self.abandoned_at)}"
-        frames = bytes(r.randbytes(SLOW_FRAMES * SLOW_FRAME))
-        codec = pb.CodecOptions(preset="veryslow", extra={"x264-params": "rc-lookahead=60"})
-        geometry = {"width": SLOW_SIZE[0], "height": SLOW_SIZE[1], "pixel_format": 1}
-        sent = time.monotonic()
-        if r.random() < 0.5:
-            header = pb.StreamHeader(
-                client_token=self.token, request_id=request_id, codec=codec, fps=fps(), **geometry
-            )
-            header.output.container = CONTAINERS["fmp4"]  # type: ignore[assignment]
-            gate = threading.Event()
-
-            def feed() -> Iterator[pb.StreamRequest]:
-                yield pb.StreamRequest(header=header)
-                for start in range(0, len(frames), 1 << 20):
-                    yield chunk(inline=frames[start : start + (1 << 20)])
-                yield pb.StreamRequest(end=pb.StreamEnd())
-                gate.wait(30)
-
-            reply = self.stub.EncodeStream(feed(), timeout=60)
-            time.sleep(r.uniform(0.3, 1.5))
-            reply.cancel()
-            gate.set()
-            kind = "abandoned-stream"
-        else:
-            size = len(frames)
-            lease = self.stub.Lease(pb.LeaseRequest(client_token=self.token, size=size), timeout=30)
-            self.maps[lease.slab_id][lease.offset : lease.offset + size] = frames
-            video = pb.VideoDescriptor(fps=fps(), **geometry)
-            video.ranges.add(lease_id=lease.lease_id, frame_count=SLOW_FRAMES)
-            request = pb.EncodeRequest(
-                client_token=self.token, request_id=request_id, video=video, codec=codec
-            )
-            data = pb.FramedRequest(encode=request).SerializeToString()
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                sock.connect(self.framed.path)
-                sock.sendall(b"VSF2" + struct.pack(">I", len(data)) + data)
-                time.sleep(r.uniform(0.3, 1.5))
-            self.release(lease.lease_id, "release-abandoned")  # freed by the encode: NOT_FOUND
-            kind = "abandoned-framed"
-        self.abandoned_at[request_id] = (sent, time.monotonic(), kind)
-        self.codes[f"{kind}:LEFT"] += 1
-
-    def half_sent(self) -> None:
-        """A framed message begun and not finished, the connection left open: the daemon
-        must give up on it (and its buffer) by itself."""
-        r = self.r
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(5)
-            sock.connect(self.framed.path)
-            sock.sendall(
-                b"VSF2" + struct.pack(">I", 8 * 1024 * 1024) + bytes(r.choice([1, 1 << 20]))
-            )
-        except OSError:
-            sock.close()
-            self.codes["half-sent:REFUSED"] += 1
-            return
-        self.left_open.append(sock)
-        while len(self.left_open) > HALF_SENT_KEPT:  # the oldest go: the daemon may have ended them
-            self.left_open.pop(0).close()
-        self.codes["half-sent:LEFT"] += 1
-
     def huge(self) -> None:
         r, pick = self.r, self.r.random()
         if pick < 0.5:
@@ -709,9 +720,24 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def soak(args: argparse.Namespace, daemon: DaemonProcess, root: Path, prefix: str) -> int:
-    out = root / "out"
-    before = files_under(root, out)
+@dataclass
+class Load:
+    """What the load left: its clients with their tallies, the daemon's memory samples, and
+    the innocent client's waits."""
+
+    fuzzers: list[Fuzzer]
+    started: float  # on the monotonic clock, as the samples' times count from
+    samples: list[dict[str, Any]]
+    warm_t: list[float]  # when the daemon counts as warm, once it does
+    requests: int
+    seconds: float
+    end: dict[str, Any]  # the memory sample as the load ended
+    waits: list[float]
+
+
+def run_load(args: argparse.Namespace, daemon: DaemonProcess, root: Path) -> Load:
+    """The fuzzing clients' requests until `--minutes` or `--requests`, with the daemon's
+    memory sampled meanwhile and an innocent client beside them."""
     samples: list[dict[str, Any]] = []
     warm_t: list[float] = []
     done, t0, finished, lock = [0], time.monotonic(), threading.Event(), threading.Lock()
@@ -755,22 +781,38 @@ def soak(args: argparse.Namespace, daemon: DaemonProcess, root: Path, prefix: st
     )
     bystander.join(30)
     seconds, end = time.monotonic() - t0, memory(daemon.pid, t0, done[0])
-    for f in fuzzers:
-        f.close()
-    with grpc.insecure_channel(f"unix:{daemon.socket}") as channel:
-        pool = pb_grpc.VideoSidecarStub(channel).Status(pb.StatusRequest(), timeout=10).pool
-    time.sleep(args.idle)
-    idle = memory(daemon.pid, t0, done[0])
-    idle_tree = tree_rss_anon(daemon.pid)  # RssAnon MiB of the daemon and its processes
-    exit_code = daemon.stop()
-    created = sorted(files_under(root, out) - before)
-    segments = sorted(p.name for p in Path("/dev/shm").glob(f"{prefix}.*"))
-    codes, offending, by_code = Counter[str](), Counter[str](), Counter[str]()
-    problems = [f"(c) {pool.active_leases} leases held after the run"] if pool.active_leases else []
+    return Load(fuzzers, t0, samples, warm_t, done[0], seconds, end, waits)
+
+
+def tally(fuzzers: list[Fuzzer]) -> tuple[Counter[str], Counter[str], list[str]]:
+    """Every client's answers by kind, the offending ones, and the problems seen."""
+    codes, offending, problems = Counter[str](), Counter[str](), []
     for f in fuzzers:
         codes.update(f.codes)
         offending.update(f.offending)
         problems += f.problems
+    return codes, offending, problems
+
+
+def soak(args: argparse.Namespace, daemon: DaemonProcess, root: Path, prefix: str) -> int:
+    out = root / "out"
+    before = files_under(root, out)
+    load = run_load(args, daemon, root)
+    samples, end = load.samples, load.end
+    for f in load.fuzzers:
+        f.close()
+    with grpc.insecure_channel(f"unix:{daemon.socket}") as channel:
+        pool = pb_grpc.VideoSidecarStub(channel).Status(pb.StatusRequest(), timeout=10).pool
+    time.sleep(args.idle)
+    idle = memory(daemon.pid, load.started, load.requests)
+    idle_tree = tree_rss_anon(daemon.pid)  # RssAnon MiB of the daemon and its processes
+    exit_code = daemon.stop()
+    created = sorted(files_under(root, out) - before)
+    segments = sorted(p.name for p in Path("/dev/shm").glob(f"{prefix}.*"))
+    codes, offending, problems = tally(load.fuzzers)
+    if pool.active_leases:
+        problems.insert(0, f"(c) {pool.active_leases} leases held after the run")
+    by_code = Counter[str]()
     for key, n in codes.items():
         by_code[key.rsplit(":", 1)[1]] += n
     checks = {
@@ -779,23 +821,24 @@ def soak(args: argparse.Namespace, daemon: DaemonProcess, root: Path, prefix: st
         "c_refused_leases_releasable": not any(p.startswith("(c)") for p in problems),
         "d_no_segments_left": not segments,
     }
-    warm = figures("RssAnon", samples, (warm_t or [0.0])[0], end)["warm_median"]
+    warm_t = (load.warm_t or [0.0])[0]
+    warm = figures("RssAnon", samples, warm_t, end)["warm_median"]
     idle_growth = round(idle["RssAnon"] / 1024 - warm, 1)
     if args.idle:
         checks["e_idle_rss_bounded"] = idle_growth <= args.rss_bound
-    abandoned = {k: v for f in fuzzers for k, v in f.abandoned_at.items()}
+    abandoned = {k: v for f in load.fuzzers for k, v in f.abandoned_at.items()}
     by_way = stop_latencies((root / "daemon.log").read_text(errors="replace"), abandoned)
     stops = sorted(s for way in by_way.values() for s in way)
     checks["g_abandoned_encodes_stop_within_1s"] = not stops or stops[-1] <= args.stop_bound
-    waited = sorted(waits)
+    waited = sorted(load.waits)
     checks["f_innocent_not_held_up"] = bool(waited) and waited[-1] <= args.innocent_bound
     summary = {
         "command": " ".join(sys.argv), "seed": args.seed, "workers": args.workers,
-        "seconds": round(seconds, 1), "requests": done[0], "daemon_exit": exit_code,
+        "seconds": round(load.seconds, 1), "requests": load.requests, "daemon_exit": exit_code,
         "by_code": dict(by_code.most_common()), "by_kind": dict(sorted(codes.items())),
         "checks": checks, "offending": dict(offending.most_common()), "problems": problems[:20],
-        "files_created": created[:20], "segments_left": segments, "warm_at_s": warm_t[:1],
-        **{key: figures(key, samples, (warm_t or [0.0])[0], end) for key in ("VmRSS", "RssAnon")},
+        "files_created": created[:20], "segments_left": segments, "warm_at_s": load.warm_t[:1],
+        **{key: figures(key, samples, warm_t, end) for key in ("VmRSS", "RssAnon")},
         "idle": {"seconds": args.idle, "RssAnon": round(idle["RssAnon"] / 1024, 1),
                  "growth_over_warm": idle_growth, "with_processes": idle_tree}, "end": end,
         "abandoned": {"left": len(abandoned), "stopped_by_daemon": len(stops),

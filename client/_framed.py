@@ -1,14 +1,14 @@
 """The framed socket's client side: encodes, leases and releases on a plain Unix socket.
 
-A daemon names the socket in its Attach reply (see `sidecar.face.framed` for the protocol);
-this client speaks "VSF2", and uses the socket only when the daemon says it speaks it
-too. It spares each one-reply encode gRPC's threads and HTTP/2 framing: most of what a
-short clip costs outside the daemon, and a long video's output comes back without
-HTTP/2's flow control (a 1 MB output took some 5 ms after the daemon had it on an Encode
-stream). A lease or release on it costs a fraction of a unary gRPC call, which a long
-video would pay for each of its leases. One connection
-carries one request at a time; the drivers keep one per request in flight, as they
-would EncodeSession calls.
+A daemon names the socket in its Attach reply (see `sidecar.face.framed` for the protocol,
+and `sidecar.api.framing` for its bytes, which both ends share); this client uses the
+socket only when the daemon says it speaks the same protocol. It spares each one-reply
+encode gRPC's threads and HTTP/2 framing: most of what a short clip costs outside the
+daemon, and a long video's output comes back without HTTP/2's flow control (a 1 MB
+output took some 5 ms after the daemon had it on an Encode stream). A lease or release
+on it costs a fraction of a unary gRPC call, which a long video would pay for each of its
+leases. One connection carries one request at a time; the drivers keep one per request
+in flight, as they would EncodeSession calls.
 
 A connection that cannot be opened reads as a way the daemon lacks (UNIMPLEMENTED): the
 client then uses gRPC until it attaches again. A deadline is the client's own: when it
@@ -23,20 +23,19 @@ import os
 import re
 import select
 import socket
-import struct
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import grpc
 
+from sidecar.api import framing
+from sidecar.api.framing import HEADER_BYTES, PREAMBLE
 from sidecar.api.v1 import sidecar_pb2 as pb
-from sidecar.vocabulary import FRAMED_REPLY_MAX_BYTES, FRAMED_VERSION
+from sidecar.vocabulary import FRAMED_REPLY_MAX_BYTES
 
 from ._errors import DeadlineExceeded, SidecarError, SidecarUnavailable, error_for
 
-PREAMBLE = b"VSF2"
-_LENGTH = struct.Struct(">I")
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 _ENDED = "the daemon ended the framed connection; it is shutting down or restarting"
 
@@ -46,7 +45,7 @@ def framed_path(target: str, name: str, version: int) -> str:
     the daemon named none, speaks an older protocol than ours (`version`), the target is
     not a Unix socket path, or the name is not a plain file name (a daemon's answer is
     checked like any input)."""
-    if version < FRAMED_VERSION or not name or not target.startswith("unix:"):
+    if version < framing.VERSION or not name or not target.startswith("unix:"):
         return ""
     if not _NAME_RE.fullmatch(name):
         return ""
@@ -60,7 +59,7 @@ def unreachable(path: str, exc: OSError) -> SidecarError:
     return error_for(grpc.StatusCode.UNIMPLEMENTED, f"framed socket {path}: {exc.strerror or exc}")
 
 
-Request = pb.EncodeRequest | pb.LeaseRequest | pb.ReleaseRequest
+Request = framing.Request
 # Run between sending an encode and reading its reply: waits for the request's frames to
 # land, counting them for the daemon (see `sidecar.codec.landing`).
 Landing = Callable[[], None]
@@ -113,18 +112,11 @@ async def _stop(task: asyncio.Future[T]) -> None:
 
 
 def _frame(request: Request) -> bytes:
-    if isinstance(request, pb.EncodeRequest):
-        message = pb.FramedRequest(encode=request)
-    elif isinstance(request, pb.LeaseRequest):
-        message = pb.FramedRequest(lease=request)
-    else:
-        message = pb.FramedRequest(release=request)
-    data = message.SerializeToString()
-    return _LENGTH.pack(len(data)) + data
+    return framing.pack(framing.wrap(request))
 
 
 def _reply_length(header: bytes | bytearray) -> int:
-    length: int = _LENGTH.unpack(header)[0]
+    length = framing.length(header)
     if length > FRAMED_REPLY_MAX_BYTES:
         raise SidecarUnavailable(f"the framed socket sent a {length}-byte reply; not a daemon's")
     return length
@@ -169,7 +161,7 @@ class FramedConnection:
             sock.sendall(_frame(request))
             if landing is not None:
                 landing()
-            header = self._read(_LENGTH.size)
+            header = self._read(HEADER_BYTES)
             return _reply(self._read(_reply_length(header)))
         except TimeoutError:
             raise DeadlineExceeded("the deadline passed before the daemon's reply") from None
@@ -246,7 +238,7 @@ class AsyncFramedConnection:
         await self._writer.drain()
 
     async def _receive(self) -> pb.FramedReply:
-        header = await self._reader.readexactly(_LENGTH.size)
+        header = await self._reader.readexactly(HEADER_BYTES)
         return _reply(await self._reader.readexactly(_reply_length(header)))
 
     def end(self, *, cancel: bool = False) -> None:

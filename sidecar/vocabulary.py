@@ -30,11 +30,7 @@ MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 # The largest reply on the framed socket, which has no gRPC message limit: a one-reply
 # output with no lease to go back in travels inside the reply up to this.
 FRAMED_REPLY_MAX_BYTES = 1024 * 1024 * 1024
-# The framed socket's protocols, named by the 4 bytes a connection opens with: "VSF2"
-# takes leases and releases besides encodes; "VSF1" (encodes only) is kept for older
-# clients. `AttachResponse.framed_version` says the newest.
-FRAMED_PREAMBLES = {b"VSF1": 1, b"VSF2": 2}
-FRAMED_VERSION = 2
+# The framed socket's preamble and framing: `sidecar.api.framing`.
 # `EncodeRequest.landed_count_offset`: the landed-frame count is a little-endian uint32,
 # at an offset that is a multiple of its size.
 LANDED_COUNT_BYTES = 4
@@ -123,9 +119,7 @@ __all__ = [
     "ERROR_DETAILS_KEY",
     "ERROR_DOMAIN",
     "ERROR_KEY",
-    "FRAMED_PREAMBLES",
     "FRAMED_REPLY_MAX_BYTES",
-    "FRAMED_VERSION",
     "MAX_MESSAGE_BYTES",
     "PIXEL_FORMATS",
     "PIXEL_FORMAT_BY_PROTO",

@@ -6,7 +6,6 @@ import contextlib
 import io
 import shutil
 import socket
-import struct
 import tempfile
 import threading
 import time
@@ -18,6 +17,7 @@ import av
 import numpy as np
 
 from client import SidecarClient
+from sidecar.api import framing
 from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.tools.launcher import DaemonProcess, serve_command
 
@@ -165,31 +165,24 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
 class RawFramed:
     """A connection to a daemon's framed socket driven by hand: bytes as given."""
 
-    def __init__(self, path: str, preamble: bytes = b"VSF1", timeout: float = 120) -> None:
+    def __init__(self, path: str, preamble: bytes = framing.PREAMBLE, timeout: float = 120) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
         self.sock.connect(path)
         self.sock.sendall(preamble)
-        self.expect(preamble)
-
-    def expect(self, preamble: bytes) -> None:
-        """Read replies as the protocol `preamble` names: "VSF2" answers with
-        FramedReply, "VSF1" with SessionReply."""
-        self._reply_type: Any = pb.FramedReply if preamble == b"VSF2" else pb.SessionReply
 
     def send(self, message: bytes) -> None:
         """One frame: the message's length, then the message."""
-        self.sock.sendall(struct.pack(">I", len(message)) + message)
+        self.sock.sendall(framing.frame(message))
 
-    def reply(self) -> Any:
-        """The next reply (a SessionReply, or a FramedReply after "VSF2"), or None once
-        the daemon has closed the connection."""
-        header = self._exactly(4)
+    def reply(self) -> pb.FramedReply | None:
+        """The next reply, or None once the daemon has closed the connection."""
+        header = self._exactly(framing.HEADER_BYTES)
         if header is None:
             return None
-        body = self._exactly(struct.unpack(">I", header)[0])
+        body = self._exactly(framing.length(header))
         assert body is not None, "the connection ended inside a reply"
-        return self._reply_type.FromString(body)
+        return pb.FramedReply.FromString(body)
 
     def _exactly(self, size: int) -> bytes | None:
         data = b""

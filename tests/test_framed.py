@@ -4,7 +4,6 @@ the client's use of it (deadlines, cancelling, fallback, restarts)."""
 from __future__ import annotations
 
 import socket
-import struct
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ import numpy as np
 import pytest
 
 from client.patterns import moving_pattern
+from sidecar.api import framing
 from sidecar.api.v1 import sidecar_pb2 as pb
 
 from .helpers import Daemon, RawFramed, decode, psnr, recorded_ways
@@ -20,18 +20,24 @@ from .helpers import Daemon, RawFramed, decode, psnr, recorded_ways
 CLIP = moving_pattern(3, 48, 64)
 
 
-def framed_to(daemon: Daemon, preamble: bytes = b"VSF1") -> RawFramed:
+def framed_request(**kind: Any) -> bytes:
+    return pb.FramedRequest(**kind).SerializeToString()
+
+
+def framed_to(daemon: Daemon, preamble: bytes = framing.PREAMBLE) -> RawFramed:
     return RawFramed(f"{daemon.socket}.framed", preamble, timeout=30)
 
 
-def rgb_request(token: str, lease_id: str, frames: int = 3, w: int = 64, h: int = 48) -> bytes:
+def rgb_request(
+    token: str, lease_id: str, frames: int = 3, w: int = 64, h: int = 48
+) -> pb.EncodeRequest:
     video = pb.VideoDescriptor(
         width=w, height=h, pixel_format=pb.PIXEL_FORMAT_RGB24, fps=pb.Rational(num=24, den=1),
         ranges=[pb.FrameRange(lease_id=lease_id, frame_count=frames)],
     )  # fmt: skip
     output = pb.OutputSpec()
     output.bytes.SetInParent()
-    return pb.EncodeRequest(client_token=token, video=video, output=output).SerializeToString()
+    return pb.EncodeRequest(client_token=token, video=video, output=output)
 
 
 def filled_lease(client: Any, clip: np.ndarray = CLIP) -> str:
@@ -62,14 +68,14 @@ def test_each_request_gets_one_reply_in_order_and_errors_do_not_end_it(
         token = c.attach().client_token
         raw = framed_to(daemon)
         try:
-            raw.send(rgb_request(token, filled_lease(c)))
-            raw.send(rgb_request(token, "ab" * 16))
+            raw.send(framed_request(encode=rgb_request(token, filled_lease(c))))
+            raw.send(framed_request(encode=rgb_request(token, "ab" * 16)))
             raw.send(b"\xff\x00\x01")
-            raw.send(rgb_request(token, filled_lease(c)))
+            raw.send(framed_request(encode=rgb_request(token, filled_lease(c))))
             replies = [raw.reply() for _ in range(4)]
         finally:
             raw.close()
-        assert [r.WhichOneof("outcome") if r else None for r in replies] == [
+        assert [r.WhichOneof("reply") if r else None for r in replies] == [
             "result", "error", "error", "result"
         ]  # fmt: skip
         assert replies[1] is not None and replies[2] is not None
@@ -83,10 +89,6 @@ def test_each_request_gets_one_reply_in_order_and_errors_do_not_end_it(
         assert wait_idle(c).pool["active_leases"] == 0
 
 
-def framed_request(**kind: Any) -> bytes:
-    return pb.FramedRequest(**kind).SerializeToString()
-
-
 def test_vsf2_leases_encodes_and_releases_on_one_connection(daemon: Daemon) -> None:
     """ "VSF2": a lease, an encode of the frames written into it, a release, and the
     errors between them (a lease too large, an unknown lease, a request with nothing set,
@@ -97,7 +99,7 @@ def test_vsf2_leases_encodes_and_releases_on_one_connection(daemon: Daemon) -> N
     with SidecarClient(daemon.socket) as c:
         att = c.attach()
         token = att.client_token
-        raw = framed_to(daemon, b"VSF2")
+        raw = framed_to(daemon)
         try:
             raw.send(framed_request(lease=pb.LeaseRequest(client_token=token, size=CLIP.nbytes)))
             granted = raw.reply()
@@ -113,8 +115,7 @@ def test_vsf2_leases_encodes_and_releases_on_one_connection(daemon: Daemon) -> N
             raw.send(framed_request())
             raw.send(b"\xff\x00\x01")
             raw.send(framed_request(encode=pb.EncodeRequest()))
-            encode = pb.EncodeRequest.FromString(rgb_request(token, lease.lease_id))
-            raw.send(framed_request(encode=encode))
+            raw.send(framed_request(encode=rgb_request(token, lease.lease_id)))
             replies = [raw.reply() for _ in range(6)]
             assert [r.WhichOneof("reply") for r in replies] == ["error"] * 5 + ["result"]
             assert [r.error.code for r in replies[:4]] == [11, 5, 3, 3], replies[
@@ -193,7 +194,7 @@ def test_an_oversized_message_is_refused_and_ends_the_connection(daemon: Daemon)
 
     raw = framed_to(daemon)
     try:
-        raw.sock.sendall(struct.pack(">I", 0xFFFFFFFF) + b"\x00" * 64)
+        raw.sock.sendall(framing.header(0xFFFFFFFF) + b"\x00" * 64)
         reply = raw.reply()
         assert reply is not None and reply.error.code == 3
         assert "over the 8388608-byte limit" in reply.error.message
@@ -206,12 +207,18 @@ def test_an_oversized_message_is_refused_and_ends_the_connection(daemon: Daemon)
 
 @pytest.mark.parametrize(
     "preamble,then",
-    [(b"GET / HTTP/1.1\r\n\r\n", b""), (b"VSF3", b""), (b"VS", b""), (b"VSF2", b"\x00\x00")],
-    ids=["http", "other-version", "cut-preamble", "cut-length"],
+    [
+        (b"GET / HTTP/1.1\r\n\r\n", b""),
+        (b"VSF3", b""),
+        (b"VSF1", b"\x00\x00\x00\x00"),
+        (b"VS", b""),
+        (b"VSF2", b"\x00\x00"),
+    ],
+    ids=["http", "other-version", "retired-version", "cut-preamble", "cut-length"],
 )
 def test_a_stranger_is_hung_up_on(daemon: Daemon, preamble: bytes, then: bytes) -> None:
     """Bytes that are not the protocol get no reply: the daemon closes the connection
-    and keeps serving."""
+    and keeps serving. "VSF1", a protocol no longer spoken, is one of them."""
     from client import SidecarClient
 
     raw = framed_to(daemon, preamble)
@@ -246,7 +253,7 @@ def test_closing_the_connection_stops_its_encode(daemon: Daemon) -> None:
             client_token=token, video=video, codec=codec, output=output, request_id="close-me"
         )
         raw = framed_to(daemon)
-        raw.send(request.SerializeToString())
+        raw.send(framed_request(encode=request))
         for _ in range(300):
             if c.status().active_encodes:
                 break

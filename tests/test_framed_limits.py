@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import select
 import socket
-import struct
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,6 +17,8 @@ import numpy as np
 import pytest
 
 from client.patterns import moving_pattern
+from sidecar.api import framing
+from sidecar.api.framing import frame
 from sidecar.api.v1 import sidecar_pb2 as pb
 
 from .helpers import Daemon, RawFramed, decode
@@ -67,10 +68,6 @@ def closed_by_daemon(socks: list[socket.socket], within: float) -> dict[int, flo
                 poller.unregister(fd)
                 del open_[fd]
     return ended
-
-
-def frame(message: bytes) -> bytes:
-    return struct.pack(">I", len(message)) + message
 
 
 def lease_request(token: str, size: int = 4096) -> bytes:
@@ -133,7 +130,7 @@ def test_half_sent_messages_are_closed_after_the_timeout_and_their_memory_comes_
                 round_trip(raw, token)
             time.sleep(0.3)
             before = rss_mib(d)
-            half = struct.pack(">I", 8 * MiB) + bytes(MiB)
+            half = framing.header(8 * MiB) + bytes(MiB)
             sent_at = time.monotonic()
             with held([connect(d, b"VSF2" + half) for _ in range(40)]) as socks:
                 time.sleep(0.5)
@@ -203,7 +200,7 @@ def test_connections_over_a_cap_are_refused_with_the_reason(
     make_daemon: Callable[..., Daemon], cap: str, said: str
 ) -> None:
     """Past the cap a connection's first request is answered with RESOURCE_EXHAUSTED,
-    saying which cap, and the connection ends; in either protocol, and for the client.
+    saying which cap, and the connection ends; for the client too.
     Once a connection closes there is room again."""
     from client import ResourceExhausted, SidecarClient
 
@@ -215,21 +212,17 @@ def test_connections_over_a_cap_are_refused_with_the_reason(
         try:
             for raw in kept:
                 round_trip(raw, token)  # served
-            for preamble in (b"VSF2", b"VSF1"):
-                refused = RawFramed(framed_path(d), preamble, timeout=10)
-                try:
-                    if preamble == b"VSF2":
-                        refused.send(lease_request(token))
-                    else:
-                        refused.send(pb.EncodeRequest(client_token=token).SerializeToString())
-                    reply = refused.reply()
-                    assert reply.HasField("error"), reply
-                    assert reply.error.code == RESOURCE_EXHAUSTED, reply
-                    assert reply.error.reason == pb.ERROR_REASON_UNSPECIFIED
-                    assert reply.error.message == f"{said}; close some, or use gRPC"
-                    assert refused.reply() is None  # then the daemon closes it
-                finally:
-                    refused.close()
+            refused = RawFramed(framed_path(d), b"VSF2", timeout=10)
+            try:
+                refused.send(lease_request(token))
+                reply = refused.reply()
+                assert reply.HasField("error"), reply
+                assert reply.error.code == RESOURCE_EXHAUSTED, reply
+                assert reply.error.reason == pb.ERROR_REASON_UNSPECIFIED
+                assert reply.error.message == f"{said}; close some, or use gRPC"
+                assert refused.reply() is None  # then the daemon closes it
+            finally:
+                refused.close()
             with pytest.raises(ResourceExhausted, match="too many framed connections"):
                 c.lease(4096)  # the client's own framed connection is over the cap
             assert active_leases(c, 0) == 0
@@ -307,7 +300,7 @@ def test_a_reply_left_unread_ends_the_connection(make_daemon: Callable[..., Daem
             client_token=token, video=video, output=output,
             codec=pb.CodecOptions(preset="ultrafast", crf=0),
         )  # fmt: skip
-        raw = connect(d, b"VSF1" + frame(request.SerializeToString()))
+        raw = connect(d, b"VSF2" + framing.pack(pb.FramedRequest(encode=request)))
         with held([raw]):
             line = "its reply not read for 1 s"
             end = time.monotonic() + 15
@@ -324,7 +317,7 @@ def test_a_reply_left_unread_ends_the_connection(make_daemon: Callable[..., Daem
                 if not more:
                     break
                 got += more
-            length = struct.unpack(">I", got[:4])[0]
+            length = framing.length(got[: framing.HEADER_BYTES])
             assert length > 512 * 1024 and len(got) < 4 + length  # cut short, then closed
         assert active_leases(c, 0) == 0
         result = c.encode(noise, crf=0, preset="ultrafast")

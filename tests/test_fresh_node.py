@@ -279,7 +279,7 @@ import socket, struct
 with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as framed:  # bytes that are no message
     framed.settimeout(5)
     framed.connect(sys.argv[1] + ".framed")
-    framed.sendall(b"VSF1" + struct.pack(">I", 3) + b"\\xff\\x00\\x01")
+    framed.sendall(b"VSF2" + struct.pack(">I", 3) + b"\\xff\\x00\\x01")
     header = b""
     while len(header) < 4:
         more = framed.recv(4 - len(header))

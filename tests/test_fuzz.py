@@ -20,6 +20,7 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sidecar.api import framing
 from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.codec.codec_options import ALLOWED, KNOWN_DANGEROUS, KNOWN_DANGEROUS_PARAMS
@@ -119,23 +120,14 @@ class Session:
 
 class Framed(RawFramed):
     """One connection to the framed socket kept open across requests, as the client
-    keeps it: "VSF2" (requests wrapped in FramedRequest) unless told "VSF1"."""
-
-    def __init__(self, path: str, preamble: bytes = b"VSF2") -> None:
-        super().__init__(path, preamble)
-        self.wraps = preamble == b"VSF2"
+    keeps it: each request wrapped in a FramedRequest."""
 
     def ask(self, request: pb.EncodeRequest) -> grpc.StatusCode:
         return reply_code(self.exchange(request))
 
-    def exchange(self, request: Any) -> Any:
-        """The reply to one request (FramedReply, or SessionReply after "VSF1")."""
-        if self.wraps:
-            kind = {
-                pb.EncodeRequest: "encode", pb.LeaseRequest: "lease", pb.ReleaseRequest: "release"
-            }[type(request)]  # fmt: skip
-            request = pb.FramedRequest(**{kind: request})
-        self.send(request.SerializeToString())
+    def exchange(self, request: framing.Request) -> pb.FramedReply:
+        """The reply to one request."""
+        self.send(framing.wrap(request).SerializeToString())
         reply = self.reply()
         assert reply is not None, "the daemon ended a kept framed connection"
         return reply
@@ -172,11 +164,10 @@ def session(s: pb_grpc.VideoSidecarStub) -> Session:
     return _SESSIONS.setdefault(id(s), Session(s))
 
 
-def framed(daemon: Daemon, preamble: bytes = b"VSF2") -> Framed:
-    key = f"{daemon.socket}:{preamble!r}"
-    if key not in _FRAMED:
-        _FRAMED[key] = Framed(f"{daemon.socket}.framed", preamble)
-    return _FRAMED[key]
+def framed(daemon: Daemon) -> Framed:
+    if daemon.socket not in _FRAMED:
+        _FRAMED[daemon.socket] = Framed(f"{daemon.socket}.framed")
+    return _FRAMED[daemon.socket]
 
 
 def in_bounds(r: pb.FrameRange, width: int, height: int, fmt: int) -> bool:
@@ -216,7 +207,7 @@ ranges = st.builds(
     path=st.one_of(st.none(), HOSTILE_PATHS),
     container=st.integers(-2, 6),
     data_in=st.tuples(st.booleans(), st.booleans(), st.booleans()),
-    way=st.sampled_from(["Encode", "EncodeOnce", "EncodeSession", "Framed", "FramedV1"]),
+    way=st.sampled_from(["Encode", "EncodeOnce", "EncodeSession", "Framed"]),
     landed=st.one_of(
         st.just(0),
         st.just(0),
@@ -279,8 +270,8 @@ def test_encode_descriptors(
     # request's error may end it.
     if way == "EncodeSession":
         code = session(s).ask(request)
-    elif way.startswith("Framed"):
-        code = framed(daemon, b"VSF1" if way == "FramedV1" else b"VSF2").ask(request)
+    elif way == "Framed":
+        code = framed(daemon).ask(request)
     else:
         code = call(getattr(s, way), request)
     COUNTS[code.name] += 1
@@ -769,10 +760,10 @@ def framed_tail(draw) -> tuple[bytes, bool]:  # type: ignore[no-untyped-def]
     kind = draw(st.sampled_from(["none", "oversized", "cut", "junk"]))
     if kind == "oversized":
         length = draw(st.integers(8 * 1024 * 1024 + 1, 2**32 - 1))
-        return struct.pack(">I", length) + bytes(draw(st.binary(max_size=64))), True
+        return framing.header(length) + bytes(draw(st.binary(max_size=64))), True
     if kind == "cut":
         length = draw(st.integers(1, 4096))
-        return struct.pack(">I", length) + bytes(draw(st.binary(max_size=length - 1))), False
+        return framing.header(length) + bytes(draw(st.binary(max_size=length - 1))), False
     if kind == "junk":
         return bytes(draw(st.binary(min_size=1, max_size=64))), False
     return b"", False
@@ -793,23 +784,20 @@ def test_raw_framed_bytes(daemon: Daemon, stub, data) -> None:  # type: ignore[n
     stand_in = "e" * 32
     preamble = data.draw(
         st.one_of(
-            st.just(b"VSF1"), st.just(b"VSF2"), st.just(b"VSF2"), st.binary(min_size=4, max_size=4)
+            st.just(framing.PREAMBLE), st.just(framing.PREAMBLE), st.binary(min_size=4, max_size=4)
         ),
         label="preamble",
     )
-    spoken = preamble in (b"VSF1", b"VSF2")
+    spoken = preamble == framing.PREAMBLE
     drawn = data.draw(st.lists(raw_messages(token, stand_in), max_size=3), label="messages")
     tail, ends = data.draw(framed_tail(), label="tail")
     lease = s.Lease(pb.LeaseRequest(client_token=token, size=LEASE, wait_ms=5000))
     messages = [m.replace(stand_in.encode(), lease.lease_id.encode()) for m in drawn]
     connection = Framed(f"{daemon.socket}.framed", preamble=b"")
-    connection.expect(preamble)
     try:
         try:
             connection.sock.sendall(
-                preamble + b"".join(struct.pack(">I", len(m)) + m for m in messages) + tail
-                if spoken
-                else preamble
+                preamble + b"".join(map(framing.frame, messages)) + tail if spoken else preamble
             )
         except (BrokenPipeError, ConnectionResetError):
             assert not spoken
@@ -823,16 +811,15 @@ def test_raw_framed_bytes(daemon: Daemon, stub, data) -> None:  # type: ignore[n
                 reply = connection.reply()
                 assert reply is not None, "a frame went unanswered"
                 code = reply_code(reply)
-                COUNTS[f"framed-{preamble.decode()}:{code.name}"] += 1
-                withdrawn = WITHDRAWN if leases(messages, index, preamble) else set()
+                COUNTS[f"framed:{code.name}"] += 1
+                withdrawn = WITHDRAWN if leases(messages, index) else set()
                 assert code in ACCEPTABLE | {grpc.StatusCode.RESOURCE_EXHAUSTED} | withdrawn, (
                     code,
                     messages,
                 )
                 granted = [reply.result.next_lease.lease_id, reply.result.data_lease.lease_id]
-                if preamble == b"VSF2":
-                    # A lease request that got through: every region it granted.
-                    granted += [r.lease_id for r in (reply.lease, *reply.lease.more)]
+                # A lease request that got through: every region it granted.
+                granted += [r.lease_id for r in (reply.lease, *reply.lease.more)]
                 for spare in filter(None, granted):
                     call(s.Release, pb.ReleaseRequest(client_token=token, lease_id=spare))
             if ends:
@@ -844,9 +831,9 @@ def test_raw_framed_bytes(daemon: Daemon, stub, data) -> None:  # type: ignore[n
         call(s.Release, pb.ReleaseRequest(client_token=token, lease_id=lease.lease_id))
 
 
-def leases(messages: list[bytes], index: int, preamble: bytes) -> bool:
-    """Whether frame `index` decodes as a Lease request on a "VSF2" connection."""
-    if preamble != b"VSF2" or index >= len(messages):
+def leases(messages: list[bytes], index: int) -> bool:
+    """Whether frame `index` decodes as a Lease request."""
+    if index >= len(messages):
         return False
     try:
         return pb.FramedRequest.FromString(messages[index]).WhichOneof("request") == "lease"

@@ -243,7 +243,7 @@ def test_withdrawn_tags_are_bounded_for_each_client_and_forgotten_after_a_ttl() 
         t.grant("flood", 4096, tag=f"t{MAX_WITHDRAWN * 100 - 1}")
     clock.now += 10.1
     t.expire()
-    assert t._withdrawn._until == {}  # nothing kept past the TTL
+    assert t._tags._withdrawn._until == {}  # nothing kept past the TTL
 
 
 @pytest.mark.parametrize("tag", ["", "a", "A-z_09", "x" * 64])

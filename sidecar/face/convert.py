@@ -6,6 +6,7 @@ becomes a name that the domain checks refuse (`unknown pixel format 'enum value 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -247,14 +248,7 @@ def status_to_proto(s: StatusReport, errors_by_code: dict[str, int]) -> pb.Statu
         server_version=s.version,
         instance_id=s.instance_id,
         uptime_s=s.uptime_s,
-        pool=pb.PoolStatus(
-            slabs=s.pool.slabs,
-            slab_size=s.pool.slab_size,
-            total_bytes=s.pool.total_bytes,
-            leased_bytes=s.pool.leased_bytes,
-            active_leases=s.pool.active_leases,
-            largest_free=s.pool.largest_free,
-        ),
+        pool=pb.PoolStatus(**dataclasses.asdict(s.pool)),  # the same fields, by name
         active_encodes=s.active_encodes,
         queued_encodes=s.queued_encodes,
         max_concurrent_encodes=s.max_concurrent_encodes,

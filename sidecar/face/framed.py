@@ -6,17 +6,15 @@ more; the same bytes on a Unix socket cost tens of times less (docs/performance.
 daemon's host use this socket for encodes answered in one reply, and for the leases and
 releases around them; everything else stays on gRPC.
 
-The protocol (`AttachResponse.framed_socket` in the proto says it for clients):
+The protocol (`AttachResponse.framed_socket` in the proto says it for clients; the bytes
+are laid out by `sidecar.api.framing`):
 
-    client:  4 bytes naming the protocol, then requests      daemon: replies
+    client:  "VSF2", then requests                            daemon: replies
     message: 4-byte big-endian length, then that many bytes
-
-    "VSF2": requests are `FramedRequest` (an encode, a lease or a release), replies
-            `FramedReply`;
-    "VSF1": requests are `EncodeRequest`, replies `SessionReply` (older clients).
+    request: `FramedRequest` (an encode, a lease or a release); reply: `FramedReply`
 
 Exactly one reply per request, in order. Encodes run the same code as EncodeSession's
-(`VideoSidecarServicer.session`), leases and releases the same as the unary calls, so
+(`VideoSidecarServicer.framed`), leases and releases the same as the unary calls, so
 checks, errors, logs and metrics are the same. A request over `MAX_MESSAGE_BYTES` is
 answered with INVALID_ARGUMENT and the connection ends (what follows cannot be trusted to
 be a message); bytes that are no request are answered with INVALID_ARGUMENT and the
@@ -35,9 +33,8 @@ Every connection has limits (the settings `framed_connections`,
   10 s. Otherwise the daemon closes the connection, within a second more (one line in
   its log, with the uid), and stops its encode. Time between requests has no limit:
   clients keep connections open between requests.
-- A request's bytes are read in pieces as they come; a connection keeps no buffer of a
-  large message's size, before or after it, and a message half sent holds only the bytes
-  sent, until its timeout: at worst 8 MiB a connection, for 10 s.
+- A request's bytes are read in pieces as they come (`framed_reading`): a message half
+  sent holds only the bytes sent, until its timeout: at worst 8 MiB a connection, for 10 s.
 
 A lease handed out in a reply the client cannot have read is freed when the connection
 ends, unless the client has used or released it meanwhile (a lease in an encode is never
@@ -66,26 +63,23 @@ import collections
 import contextlib
 import fcntl
 import logging
-import math
-import mmap
 import os
 import socket
 import stat
 import struct
 import termios
 import time
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
 
+from ..api import framing
 from ..api.v1 import sidecar_pb2 as pb
-from ..errors import InvalidRequest
-from ..vocabulary import FRAMED_PREAMBLES, FRAMED_REPLY_MAX_BYTES, MAX_MESSAGE_BYTES
+from ..vocabulary import FRAMED_REPLY_MAX_BYTES, MAX_MESSAGE_BYTES
 from .calls import CallEnd
-from .convert import REPEATED_LIMITS
-from .decoding import Decoder, Pending, Undecodable, decode_pending
+from .framed_reading import READER_LIMIT, Reader, Request, drain, read_requests, skip
+from .framed_watch import Handed, Watch, granted
 from .servicer import VideoSidecarServicer
 
 log = logging.getLogger(__name__)
@@ -93,41 +87,14 @@ log = logging.getLogger(__name__)
 # A one-reply output's own bytes in a framed reply, with room left for its other fields.
 REPLY_DATA_MAX = FRAMED_REPLY_MAX_BYTES - 1024 * 1024
 
-PREAMBLE_BYTES = 4  # a connection's first bytes: the protocol's name (FRAMED_PREAMBLES)
 SUFFIX = ".framed"  # the socket's name: the gRPC socket's, with this added
-_LENGTH = struct.Struct(">I")
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
-_DECODERS = {
-    1: Decoder(pb.EncodeRequest, REPEATED_LIMITS),
-    2: Decoder(pb.FramedRequest, REPEATED_LIMITS),
-}
-Request = pb.EncodeRequest | pb.FramedRequest | Undecodable
-
-# A request larger than this is read in pieces of at most this into memory of its own
-# (anonymous, mapped for it): only the pages its bytes came into are used, and all of it
-# goes back to the system once the request is decoded or its connection ends. The heap
-# would keep what many half-sent requests took long after they were gone.
-PIECE = 64 * 1024
-# The reader's own buffer: it stops taking bytes from the socket past twice this.
-READER_LIMIT = PIECE
 # Connections over a cap that wait to be told so (their first request); more are closed
 # at once, without a reply.
 REFUSING_MAX = 64
 # A refusal is logged at most once in this many seconds.
 REFUSAL_LOG_S = 10.0
 _RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
-
-
-class Oversized(Undecodable):
-    """A message whose stated length is over the limit: refused, and the connection ends."""
-
-    def __init__(self, length: int, message: str) -> None:
-        super().__init__(message)
-        self.length = length
-
-    def refuse(self) -> InvalidRequest:
-        limit = f"the {MAX_MESSAGE_BYTES}-byte limit"
-        return InvalidRequest("request", f"a message of {self.length} bytes is over {limit}")
 
 
 class FramedServer:
@@ -264,17 +231,14 @@ class FramedServer:
         self._refusing += 1
         try:
             watch.begin("no preamble and first request within {} (over a cap)")
-            version = FRAMED_PREAMBLES.get(await reader.readexactly(PREAMBLE_BYTES))
-            if version is None:
+            if await reader.readexactly(framing.PREAMBLE_BYTES) != framing.PREAMBLE:
                 return
-            (length,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
+            length = framing.length(await reader.readexactly(framing.HEADER_BYTES))
             if length <= MAX_MESSAGE_BYTES:
-                await _skip(reader, length)
+                await skip(reader, length)
             watch.done()
             error = pb.SessionError(code=_RESOURCE_EXHAUSTED, message=why)
-            reply = pb.FramedReply(error=error) if version == 2 else pb.SessionReply(error=error)
-            data = reply.SerializeToString()
-            writer.writelines((_LENGTH.pack(len(data)), data))
+            writer.write(framing.pack(pb.FramedReply(error=error)))
             await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -289,28 +253,17 @@ class FramedServer:
         handed = Handed()
         try:
             watch.begin("no preamble within {}")
-            version = FRAMED_PREAMBLES.get(await reader.readexactly(PREAMBLE_BYTES))
+            preamble = await reader.readexactly(framing.PREAMBLE_BYTES)
             watch.done()
-            if version is None:
+            if preamble != framing.PREAMBLE:
                 return  # not a protocol we speak: nothing we could answer would be read
-            read = asyncio.create_task(_read(reader, version, pending, end, handed, watch))
-            requests: AsyncIterator[Any] = _drain(pending)  # of the version's kind
-            replies = (
-                self.servicer.framed(requests, end, reply_data_max=REPLY_DATA_MAX)
-                if version == 2
-                else self.servicer.session(requests, end, reply_data_max=REPLY_DATA_MAX)
-            )
-            transport = writer.transport
+            read = asyncio.create_task(read_requests(reader, pending, end, handed, watch))
+            replies = self.servicer.framed(drain(pending), end, reply_data_max=REPLY_DATA_MAX)
             async for reply, sent in replies:
                 leases = granted(reply)
                 if leases:  # before it is written: the client may answer
                     handed.add(reader.received + _unread_bytes(writer), leases)
-                data = reply.SerializeToString()
-                writer.writelines((_LENGTH.pack(len(data)), data))  # one send, no join
-                if transport.get_write_buffer_size():  # the client reads it as it goes
-                    watch.sending(transport.get_write_buffer_size)
-                await writer.drain()
-                watch.sent()
+                await _send(reply, writer, watch)
                 for action in sent:
                     action()
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
@@ -324,93 +277,15 @@ class FramedServer:
             writer.close()
 
 
-class Reader(asyncio.StreamReader):
-    """A connection's reader that counts the bytes it took from the socket."""
-
-    received = 0
-
-    def feed_data(self, data: bytes) -> None:  # type: ignore[override]
-        self.received += len(data)
-        super().feed_data(data)
-
-
-class Watch:
-    """A connection's deadlines: for its preamble, for a request begun, and (while a reply
-    waits to be read) for the reply to move on. `FramedServer._sweep` checks them, and
-    closes the connection when one has passed."""
-
-    def __init__(self, transport: asyncio.WriteTransport, timeout: float, uid: int) -> None:
-        self._transport, self._timeout, self.uid = transport, timeout, uid
-        self._due = math.inf
-        self._what = ""
-        self._left: Callable[[], int] | None = None  # a reply's bytes not yet sent
-        self._left_was = 0
-        self._left_due = math.inf
-
-    def begin(self, what: str) -> None:
-        """Something to read has begun; `what` says it in the log, with {} for the time."""
-        self._due = time.monotonic() + self._timeout
-        self._what = what
-
-    def done(self) -> None:
-        self._due = math.inf
-
-    def sending(self, left: Callable[[], int]) -> None:
-        """A reply waits to be read; `left` says how much of it is still to go."""
-        self._left, self._left_was = left, left()
-        self._left_due = time.monotonic() + self._timeout
-
-    def sent(self) -> None:
-        self._left = None
-
-    def check(self, now: float) -> None:
-        if now >= self._due:
-            self._close(self._what)
-        elif self._left is not None and now >= self._left_due:
-            left = self._left()
-            if left == self._left_was:
-                self._close("its reply not read for {}")
-            else:  # it moved: wait again
-                self._left_was, self._left_due = left, now + self._timeout
-
-    def _close(self, what: str) -> None:
-        self._due = self._left_due = math.inf
-        self._left = None
-        reason = what.format(f"{self._timeout:g} s")
-        log.info("closed a framed connection of uid %d: %s", self.uid, reason)
-        self._transport.abort()
-
-
-class Handed:
-    """The leases a connection's replies hand out, until a request shows the client read
-    them: each reply's with the bytes the daemon had received when it was written. A
-    request whose first byte lies past those came after the reply, so its client had
-    read it (a client sends its next request once it has read the last reply); one
-    already there when the reply was written was sent without reading it."""
-
-    def __init__(self) -> None:
-        self._replies: collections.deque[tuple[int, tuple[str, ...]]] = collections.deque()
-
-    def add(self, received: int, leases: tuple[str, ...]) -> None:
-        self._replies.append((received, leases))
-
-    def read_from(self, offset: int) -> None:
-        """A request begins at byte `offset` of the connection."""
-        while self._replies and self._replies[0][0] <= offset:
-            self._replies.popleft()
-
-    def unread(self) -> list[str]:
-        return [lease for _, leases in self._replies for lease in leases]
-
-
-def granted(reply: pb.FramedReply | pb.SessionReply) -> tuple[str, ...]:
-    """The leases a reply hands the client."""
-    if isinstance(reply, pb.FramedReply) and reply.WhichOneof("reply") == "lease":
-        return (reply.lease.lease_id, *(more.lease_id for more in reply.lease.more))
-    if reply.HasField("result"):
-        result = reply.result
-        return tuple(filter(None, (result.next_lease.lease_id, result.data_lease.lease_id)))
-    return ()
+async def _send(reply: pb.FramedReply, writer: asyncio.StreamWriter, watch: Watch) -> None:
+    """Write a reply, watched while the client is slow to read it."""
+    data = reply.SerializeToString()
+    writer.writelines((framing.header(len(data)), data))  # one send, no join
+    transport = writer.transport
+    if transport.get_write_buffer_size():  # the client reads it as it goes
+        watch.sending(transport.get_write_buffer_size)
+    await writer.drain()
+    watch.sent()
 
 
 def peer_uid(writer: asyncio.StreamWriter) -> int:
@@ -431,76 +306,3 @@ def _unread_bytes(writer: asyncio.StreamWriter) -> int:
         return int(struct.unpack("i", waiting)[0])
     except (AttributeError, OSError, ValueError):
         return 0
-
-
-async def _read(
-    reader: asyncio.StreamReader,
-    version: int,
-    pending: asyncio.Queue[Request | None],
-    end: CallEnd,
-    handed: Handed,
-    watch: Watch,
-) -> None:
-    """Queue the connection's requests, one at a time: the next is read only once the last
-    was taken, so reading goes on while it is encoded, and notices the client leaving.
-    A request must be whole within the timeout of its first byte; between requests there
-    is no limit. At the connection's end (the client closed it, or broke the protocol)
-    stop the encode in progress, and end the requests."""
-    decode = _DECODERS[version]
-    name = "FramedRequest" if version == 2 else "EncodeRequest"
-    offset = PREAMBLE_BYTES  # where the next request begins
-    try:
-        while True:
-            first = await reader.readexactly(1)  # between requests: no time limit
-            watch.begin("a request begun and not whole within {}")
-            handed.read_from(offset)
-            (length,) = _LENGTH.unpack(first + await reader.readexactly(_LENGTH.size - 1))
-            if length > MAX_MESSAGE_BYTES:
-                watch.done()
-                pending.put_nowait(Oversized(length, name))
-                return
-            request = await _request(reader, length, decode)
-            watch.done()
-            offset += _LENGTH.size + length
-            pending.put_nowait(request)
-            await pending.join()
-    except (asyncio.IncompleteReadError, ConnectionError):
-        end.end()
-    finally:
-        watch.done()
-        pending.put_nowait(None)
-
-
-async def _request(reader: asyncio.StreamReader, length: int, decode: Decoder) -> Request:
-    """A message of `length` bytes, decoded; a large one read in pieces as they come
-    (see `PIECE`), and decoded off the event loop (`decoding`)."""
-    if length <= PIECE:
-        request: Request | Pending = decode(await reader.readexactly(length))
-        return await decode_pending(request) if isinstance(request, Pending) else request
-    body = mmap.mmap(-1, length)
-    try:
-        while (got := body.tell()) < length:
-            piece = await reader.read(min(length - got, PIECE))
-            if not piece:
-                raise asyncio.IncompleteReadError(b"", length)
-            body.write(piece)
-    except BaseException:
-        body.close()
-        raise
-    decoded: Request = await decode_pending(Pending(body, decode.now))
-    return decoded
-
-
-async def _skip(reader: asyncio.StreamReader, length: int) -> None:
-    """Read `length` bytes and keep none."""
-    while length:
-        piece = await reader.read(min(length, PIECE))
-        if not piece:
-            raise asyncio.IncompleteReadError(b"", length)
-        length -= len(piece)
-
-
-async def _drain(pending: asyncio.Queue[Request | None]) -> AsyncIterator[Request]:
-    while (request := await pending.get()) is not None:
-        pending.task_done()
-        yield request

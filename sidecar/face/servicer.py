@@ -10,11 +10,6 @@ INVALID_ARGUMENT, instead of grpc's UNKNOWN.
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import logging
-import re
-import secrets
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,14 +18,13 @@ from typing import Any, TypeVar
 
 import grpc
 
+from ..api import framing
 from ..api.v1 import sidecar_pb2 as pb
 from ..api.v1 import sidecar_pb2_grpc as pb_grpc
-from ..errors import Cancelled, EncodeFailed, InvalidRequest, SidecarError
-from ..events import Chunk, Progress
+from ..errors import Cancelled, InvalidRequest, SidecarError
 from ..pipeline.requests import Result
 from ..pool.lease_queue import MAX_REGIONS
 from ..service import Sidecar
-from ..vocabulary import FRAMED_VERSION, Reason
 from .calls import CallEnd, Sessions, after_call, unless_cancelled
 from .convert import (
     attachment_to_proto,
@@ -43,12 +37,10 @@ from .convert import (
     stream_spec_from_proto,
 )
 from .decoding import Undecodable
+from .outcomes import EncodeCall, Observer, Outcomes, check_request_id, request_id_for
 from .status_codes import error_trailers, errors_by_code, forget_frames, session_error, status_of
 
-log = logging.getLogger(__name__)
-
-_REQUEST_ID_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
-
+Sent = list[Callable[[], None]]  # what to run once a reply has gone out
 
 H = TypeVar("H", bound=Callable[..., Awaitable[Any]])
 
@@ -68,21 +60,26 @@ def _mapped(handler: H) -> H:
     return wrapper  # type: ignore[return-value]
 
 
-Observer = Callable[[str, float, int, int], None]  # code, seconds, frames, bytes
-
-
 class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
     def __init__(self, sidecar: Sidecar, observer: Observer | None = None) -> None:
         self.sidecar = sidecar
-        self.observer = observer  # e.g. Prometheus metrics
+        self._outcomes = Outcomes(sidecar, observer)
         self._sessions = Sessions()
         self.framed_socket = ""  # the framed socket's file name, once it listens
 
-    async def _fail(self, context: grpc.aio.ServicerContext, exc: SidecarError) -> None:
-        code = status_of(exc)
+    def _recorded(self, exc: SidecarError) -> SidecarError:
+        """A request's error, counted, its frames let go: about to be answered."""
         self.sidecar.record_error(exc)
         forget_frames(exc)
+        return exc
+
+    async def _fail(self, context: grpc.aio.ServicerContext, exc: SidecarError) -> None:
+        code = status_of(self._recorded(exc))
         await context.abort(code, str(exc), trailing_metadata=error_trailers(exc, code))
+
+    def _error(self, exc: SidecarError) -> pb.SessionError:
+        """A request's error as the reply on a kept session or connection carries it."""
+        return session_error(self._recorded(exc))
 
     # -- unary RPCs ----------------------------------------------------------------------
 
@@ -90,7 +87,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
     async def Attach(self, request: pb.AttachRequest, context: Any) -> pb.AttachResponse:
         reply = attachment_to_proto(self.sidecar.attach(request.client_name, request.pid))
         reply.framed_socket = self.framed_socket
-        reply.framed_version = FRAMED_VERSION if self.framed_socket else 0
+        reply.framed_version = framing.VERSION if self.framed_socket else 0
         return reply
 
     @_mapped
@@ -125,26 +122,21 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.EncodeEvent]:
         received_at = time.perf_counter()
-        request_id, events = self._whole(request, received_at, one_reply=False)
-        async for reply in self._replies(request_id, received_at, events, context):
+        encode = self._whole(request, received_at, one_reply=False)
+        async for reply in self._replies(encode, context):
             yield reply
 
     async def EncodeOnce(
         self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
     ) -> pb.EncodeResult:
         received_at = time.perf_counter()
-        request_id, events = self._whole(request, received_at, one_reply=True)
-        result = pb.EncodeResult()
+        encode = self._whole(request, received_at, one_reply=True)
         with CallEnd.of(context) as end:
             try:
-                async for event in self._relay(
-                    request_id, received_at, end, events, after_call(context)
-                ):
-                    if isinstance(event, Result):  # progress is not sent: the result is the reply
-                        result = result_to_proto(event)
+                return await self._result(encode, end, after_call(context))
             except SidecarError as exc:
                 await self._fail(context, exc)
-        return result
+        return pb.EncodeResult()
 
     async def EncodeSession(
         self,
@@ -158,25 +150,16 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
                     action()
 
     async def session(
-        self,
-        requests: AsyncIterator[pb.EncodeRequest | Undecodable],
-        end: CallEnd,
-        *,
-        reply_data_max: int = 0,
-    ) -> AsyncIterator[tuple[pb.SessionReply, list[Callable[[], None]]]]:
+        self, requests: AsyncIterator[pb.EncodeRequest | Undecodable], end: CallEnd
+    ) -> AsyncIterator[tuple[pb.SessionReply, Sent]]:
         """A kept session's replies, one per request, in order, each with the actions to
-        run once it has gone out. Shared by EncodeSession and the framed socket's "VSF1",
-        whose replies may carry outputs of up to `reply_data_max` bytes that no lease can
-        hold."""
+        run once it has gone out."""
         async for request in self._sessions.requests(requests):
-            sent: list[Callable[[], None]] = []
+            sent: Sent = []
             try:
-                result = await self._answer(request, end, reply_data_max, sent)
-                reply = pb.SessionReply(result=result)
+                reply = pb.SessionReply(result=await self._answer(request, end, 0, sent))
             except SidecarError as exc:  # the request's error, as its reply
-                self.sidecar.record_error(exc)
-                forget_frames(exc)
-                reply = pb.SessionReply(error=session_error(exc))
+                reply = pb.SessionReply(error=self._error(exc))
             yield reply, sent
 
     async def framed(
@@ -185,44 +168,55 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         end: CallEnd,
         *,
         reply_data_max: int,
-    ) -> AsyncIterator[tuple[pb.FramedReply, list[Callable[[], None]]]]:
-        """The framed socket's "VSF2": `session` for encodes, with leases and releases
-        between them, each as its unary call would do it."""
+    ) -> AsyncIterator[tuple[pb.FramedReply, Sent]]:
+        """The framed socket's replies: `session`'s for encodes, whose replies may carry
+        outputs of up to `reply_data_max` bytes that no lease can hold, with leases and
+        releases between them, each as its unary call would do it."""
         async for request in self._sessions.requests(requests):
-            sent: list[Callable[[], None]] = []
-            kind = None if isinstance(request, Undecodable) else request.WhichOneof("request")
+            sent: Sent = []
             try:
-                if kind == "lease":
-                    reply = pb.FramedReply(lease=await self._lease(request.lease))
-                elif kind == "release":
-                    self._release(request.release)
-                    reply = pb.FramedReply(release=pb.ReleaseResponse())
-                elif kind is None and not isinstance(request, Undecodable):
-                    raise InvalidRequest("request", "a FramedRequest with nothing set")
-                else:  # an encode, or bytes that are none: refused as an encode is
-                    encode = request if isinstance(request, Undecodable) else request.encode
-                    result = await self._answer(encode, end, reply_data_max, sent)
-                    reply = pb.FramedReply(result=result)
+                reply = await self._framed_reply(request, end, reply_data_max, sent)
             except SidecarError as exc:
-                self.sidecar.record_error(exc)
-                forget_frames(exc)
-                reply = pb.FramedReply(error=session_error(exc))
+                reply = pb.FramedReply(error=self._error(exc))
             yield reply, sent
+
+    async def _framed_reply(
+        self,
+        request: pb.FramedRequest | Undecodable,
+        end: CallEnd,
+        reply_data_max: int,
+        sent: Sent,
+    ) -> pb.FramedReply:
+        if isinstance(request, Undecodable) or request.WhichOneof("request") == "encode":
+            # An encode, or bytes that are none: refused as an encode is.
+            encode = request if isinstance(request, Undecodable) else request.encode
+            return pb.FramedReply(result=await self._answer(encode, end, reply_data_max, sent))
+        kind = request.WhichOneof("request")
+        if kind == "lease":
+            return pb.FramedReply(lease=await self._lease(request.lease))
+        if kind == "release":
+            self._release(request.release)
+            return pb.FramedReply(release=pb.ReleaseResponse())
+        raise InvalidRequest("request", "a FramedRequest with nothing set")
 
     async def _answer(
         self,
         request: pb.EncodeRequest | Undecodable,
         end: CallEnd,
         reply_data_max: int,
-        sent: list[Callable[[], None]],
+        sent: Sent,
     ) -> pb.EncodeResult:
         """One encode on a kept session or connection: its result, or its SidecarError."""
         received_at = time.perf_counter()
-        request_id, events = self._whole(
-            request, received_at, one_reply=True, reply_data_max=reply_data_max
-        )
+        encode = self._whole(request, received_at, one_reply=True, reply_data_max=reply_data_max)
+        return await self._result(encode, end, sent.append)
+
+    async def _result(
+        self, encode: EncodeCall, end: CallEnd, when_sent: Callable[[Callable[[], None]], None]
+    ) -> pb.EncodeResult:
+        """A one-reply encode's result; progress is not sent: the result is the reply."""
         result = pb.EncodeResult()
-        async for event in self._relay(request_id, received_at, end, events, sent.append):
+        async for event in self._outcomes.relay(encode, end, when_sent):
             if isinstance(event, Result):
                 result = result_to_proto(event)
         return result
@@ -239,10 +233,10 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         *,
         one_reply: bool,
         reply_data_max: int = 0,
-    ) -> tuple[str, Callable[[threading.Event], AsyncIterator[Any]]]:
-        """The request id to log under, and the domain events of a whole-video encode."""
+    ) -> EncodeCall:
+        """A whole-video encode: the request id to log under, and its domain events."""
         given = "" if isinstance(request, Undecodable) else request.request_id
-        request_id = _request_id(given)
+        request_id = request_id_for(given)
 
         def events(stop: threading.Event) -> AsyncIterator[Any]:
             if isinstance(request, Undecodable):
@@ -253,7 +247,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
             )
             return self.sidecar.encode(spec, received_at, stop)
 
-        return request_id, events
+        return EncodeCall(request_id, received_at, events)
 
     async def EncodeStream(
         self, requests: AsyncIterator[pb.StreamRequest], context: grpc.aio.ServicerContext
@@ -269,7 +263,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
             if isinstance(first, pb.StreamRequest) and first.HasField("header")
             else None
         )
-        request_id = _request_id(header.request_id if header is not None else "")
+        request_id = request_id_for(header.request_id if header is not None else "")
 
         def events(stop: threading.Event) -> AsyncIterator[Any]:
             if isinstance(first, Undecodable):
@@ -280,112 +274,16 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
             spec = stream_spec_from_proto(header, request_id)
             return self.sidecar.stream(spec, stream_messages(requests), received_at, stop)
 
-        async for reply in self._replies(request_id, received_at, events, context):
+        async for reply in self._replies(EncodeCall(request_id, received_at, events), context):
             yield reply
 
     async def _replies(
-        self,
-        request_id: str,
-        received_at: float,
-        events: Callable[[threading.Event], AsyncIterator[Any]],
-        context: grpc.aio.ServicerContext,
+        self, encode: EncodeCall, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.EncodeEvent]:
         """A reply stream's messages: the encode's events, and its error as the status."""
         with CallEnd.of(context) as end:
             try:
-                async for event in self._relay(
-                    request_id, received_at, end, events, after_call(context)
-                ):
+                async for event in self._outcomes.relay(encode, end, after_call(context)):
                     yield event_to_proto(event)
             except SidecarError as exc:
                 await self._fail(context, exc)
-
-    async def _relay(
-        self,
-        request_id: str,
-        received_at: float,
-        end: CallEnd,
-        events: Callable[[threading.Event], AsyncIterator[Any]],
-        when_sent: Callable[[Callable[[], None]], None],
-    ) -> AsyncIterator[Progress | Chunk | Result]:
-        """An encode's domain events, its log line and metrics. A domain error is raised
-        once recorded (a stop by the call's deadline as that, see `CallEnd.why`), and a
-        bug of ours as EncodeFailed: the caller sends it, as a status or a reply. A
-        result's `after` goes to `when_sent`, which runs it once the answer has gone out."""
-        self.sidecar.received()
-        outcome = "CANCELLED"  # ended before its result: the client went away
-        error = ""
-        frames = size = 0
-        try:
-            async for event in events(end.event()):
-                if isinstance(event, Result):
-                    outcome, frames, size = "OK", event.frames, event.size_bytes
-                    if event.after is not None:
-                        when_sent(event.after)
-                yield event
-        except SidecarError as exc:
-            answer = end.why(exc)
-            outcome = status_of(answer).name
-            error = str(answer)
-            if answer is exc:
-                raise
-            raise answer from None
-        except asyncio.CancelledError:  # gRPC ended the call: the client left, or its deadline
-            answer = end.why(Cancelled("cancelled"))
-            outcome = status_of(answer).name
-            if answer.reason is not Reason.CANCELLED:  # counted as `_fail` would have
-                self.sidecar.record_error(answer)
-            raise
-        except Exception as exc:  # a bug of ours: say so, as INTERNAL, never UNKNOWN
-            log.exception("encode %s failed unexpectedly", request_id)
-            outcome = "INTERNAL"
-            error = f"unexpected {type(exc).__name__}"
-            raise EncodeFailed(f"internal error: {error}") from None
-        finally:
-            room = self.sidecar.left_for_room.pop(request_id, None)
-            if outcome == "CANCELLED" and room is not None:
-                outcome, error = "RESOURCE_EXHAUSTED", f"its client's lease wait ran out: {room}"
-            report = functools.partial(
-                self._report, request_id, outcome, error, frames, size, received_at
-            )
-            if outcome == "OK":  # after the reply has gone: the client need not wait for it
-                asyncio.get_running_loop().call_soon(report)
-            else:
-                report()
-
-    def _report(
-        self, request_id: str, outcome: str, error: str, frames: int, size: int, since: float
-    ) -> None:
-        """The encode's log line and metrics."""
-        seconds = time.perf_counter() - since
-        log.info(
-            "encode request_id=%s status=%s frames=%d bytes=%d ms=%.1f%s",
-            request_id,
-            outcome,
-            frames,
-            size,
-            seconds * 1e3,
-            f" error={error!r}" if error else "",
-            extra={
-                "request_id": request_id,
-                "status": outcome,
-                "frames": frames,
-                "bytes": size,
-                "ms": round(seconds * 1e3, 1),
-                **({"error": error} if error else {}),
-            },
-        )
-        if self.observer is not None:
-            self.observer(outcome, seconds, frames, size)
-
-
-def _request_id(given: str) -> str:
-    """The id to log under: the client's if it is valid, else one made up."""
-    return given if _REQUEST_ID_RE.match(given) else secrets.token_hex(8)
-
-
-def check_request_id(given: str) -> None:
-    if given and not _REQUEST_ID_RE.match(given):
-        raise InvalidRequest(
-            "request_id", "must be 1-128 printable ASCII characters without spaces, or empty"
-        )

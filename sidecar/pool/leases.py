@@ -34,9 +34,9 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from ..errors import Cancelled, InvalidRequest, LeaseBusy, LeaseNotFound, OutOfRange
-from .allocator import RegionAllocator, align_up
-from .tags import WithdrawnTags
+from ..errors import InvalidRequest, LeaseBusy, LeaseNotFound
+from .allocator import SlabRegions
+from .tags import LeaseTags
 
 # A spare lives this long unused (at most the TTL): a client uses it for its very next
 # request or not at all, and an idle client's spare should not keep a waiter out for long.
@@ -95,11 +95,10 @@ class LeaseTable:
         self.alignment = alignment
         self.ttl = ttl
         self._clock = clock
-        self._allocators = [RegionAllocator(slab_size, alignment) for _ in range(slab_count)]
+        self._regions = SlabRegions(slab_count, slab_size, alignment)
         self._leases: dict[str, Lease] = {}
         self._by_owner: dict[str, dict[str, Lease]] = {}
-        self._tagged: dict[tuple[str, str], list[Lease]] = {}
-        self._withdrawn = WithdrawnTags(ttl)
+        self._tags = LeaseTags(ttl)
         self._lock = threading.Lock()
         self.on_free = on_free
         self.granted = 0
@@ -137,42 +136,31 @@ class LeaseTable:
         spare: bool = False,
         unclaimed: bool = False,
     ) -> list[Lease] | None:
+        """Regions for every size, first fit slab by slab, as leases; or none at all."""
         with self._lock:
             if tag:
-                self._check_tag(owner, tag)
-            granted = self._allocate(owner, sizes, spare=spare, unclaimed=unclaimed, tag=tag)
-            if granted and tag:
-                self._tagged[(owner, tag)] = granted
-        return granted
+                self._tags.check(owner, tag, self._clock())
+            placed = self._regions.place(sizes)
+            if placed is None:
+                return None
+            ttl = min(self.ttl, SPARE_TTL) if spare else self.ttl
+            expires_at = self._clock() + ttl
+            mine = self._by_owner.setdefault(owner, {})
+            leases = [
+                Lease(secrets.token_hex(16), owner, slab_id, offset, length, expires_at,
+                      spare=spare, unclaimed=unclaimed, tag=tag, ttl=ttl)
+                for slab_id, offset, length in placed
+            ]  # fmt: skip
+            for lease in leases:
+                self._leases[lease.id] = mine[lease.id] = lease
+            self.granted += len(leases)
+            if tag:
+                self._tags.add(owner, tag, leases)
+        return leases
 
     def check_sizes(self, sizes: Sequence[int]) -> None:
         """Refuse regions that no slab, or not even the empty pool, could hold at once."""
-        for size in sizes:
-            if size <= 0:
-                raise OutOfRange(f"lease size must be positive, got {size}")
-            if size > self.slab_size:
-                raise OutOfRange(
-                    f"lease of {size} bytes exceeds the slab size {self.slab_size}; "
-                    "split the video into frame ranges of at most one slab each"
-                )
-        if len(sizes) > 1 and not self._fits_empty(sizes):
-            total = sum(align_up(size, self.alignment) for size in sizes)
-            raise OutOfRange(
-                f"{len(sizes)} regions of {total} bytes in all cannot be held at once even by "
-                f"the empty pool ({len(self._allocators)} x {self.slab_size} bytes); "
-                "lease fewer at once"
-            )
-
-    def _fits_empty(self, sizes: Sequence[int]) -> bool:
-        """Whether first fit, in order, places every size in empty slabs."""
-        free = [self.slab_size] * len(self._allocators)
-        for size in sizes:
-            need = align_up(size, self.alignment)
-            slab = next((i for i, room in enumerate(free) if room >= need), None)
-            if slab is None:
-                return False
-            free[slab] -= need
-        return True
+        self._regions.check(sizes)
 
     def renew(self, owner: str) -> None:
         """Push back the expiry of every held lease of `owner`: a client that calls is
@@ -195,28 +183,19 @@ class LeaseTable:
     def release(self, owner: str, lease_id: str) -> None:
         """Give back a lease; one an encode holds is freed when the encode lets go."""
         with self._lock:
-            lease = self._get(owner, lease_id)
-            if lease.encoding:
-                lease.released = True
-                return
-            self._drop(lease)
-        self._notify()
+            freed = self._let_go(self._get(owner, lease_id))
+        if freed:
+            self._notify()
 
     def release_tagged(self, owner: str, tag: str) -> None:
         """Give back the leases granted under `tag`, if any; if none, refuse them later."""
         with self._lock:
-            leases = self._tagged.get((owner, tag))
+            leases = self._tags.leases(owner, tag)
             if leases is None:
-                self._withdrawn.add(owner, tag, self._clock())
+                self._tags.withdraw(owner, tag, self._clock())
                 return
-            freed = False
-            for lease in list(leases):
-                if lease.encoding:
-                    lease.released = True
-                else:
-                    self._drop(lease)
-                    freed = True
-        if freed:
+            freed = [self._let_go(lease) for lease in list(leases)]
+        if any(freed):
             self._notify()
 
     def take(self, owner: str, lease_ids: Iterable[str]) -> list[Lease]:
@@ -286,7 +265,7 @@ class LeaseTable:
             for lease in stale:
                 self._drop(lease)
             self.expired += len(stale)
-            self._withdrawn.forget(now)
+            self._tags.forget(now)
         if stale:
             self._notify()
         return stale
@@ -296,12 +275,12 @@ class LeaseTable:
     def usage(self) -> PoolUsage:
         with self._lock:
             return PoolUsage(
-                slabs=len(self._allocators),
+                slabs=self._regions.count,
                 slab_size=self.slab_size,
-                total_bytes=self.slab_size * len(self._allocators),
-                leased_bytes=sum(a.allocated_bytes for a in self._allocators),
+                total_bytes=self.slab_size * self._regions.count,
+                leased_bytes=self._regions.allocated_bytes,
                 active_leases=len(self._leases),
-                largest_free=max(a.largest_free for a in self._allocators),
+                largest_free=self._regions.largest_free,
             )
 
     def in_encodes(self) -> int:
@@ -326,69 +305,24 @@ class LeaseTable:
             )
         return lease
 
-    def _allocate(
-        self,
-        owner: str,
-        sizes: Sequence[int],
-        *,
-        spare: bool = False,
-        unclaimed: bool = False,
-        tag: str = "",
-    ) -> list[Lease] | None:
-        """Regions for every size, first fit slab by slab, or none at all."""
-        placed: list[tuple[int, int, int]] = []
-        for size in sizes:
-            for slab_id, allocator in enumerate(self._allocators):
-                region = allocator.allocate(size)
-                if region is not None:
-                    placed.append((slab_id, *region))
-                    break
-            else:
-                for slab_id, offset, _ in placed:
-                    self._allocators[slab_id].free(offset)
-                return None
-        ttl = min(self.ttl, SPARE_TTL) if spare else self.ttl
-        expires_at = self._clock() + ttl
-        mine = self._by_owner.setdefault(owner, {})
-        leases = []
-        for slab_id, offset, length in placed:
-            lease = Lease(
-                id=secrets.token_hex(16),
-                owner=owner,
-                slab_id=slab_id,
-                offset=offset,
-                size=length,
-                expires_at=expires_at,
-                spare=spare,
-                unclaimed=unclaimed,
-                tag=tag,
-                ttl=ttl,
-            )
-            self._leases[lease.id] = lease
-            mine[lease.id] = lease
-            leases.append(lease)
-        self.granted += len(leases)
-        return leases
-
-    def _check_tag(self, owner: str, tag: str) -> None:
-        if self._withdrawn.withdrawn(owner, tag, self._clock()):
-            raise Cancelled(f"the lease request {tag!r} was withdrawn by its client")
-        if (owner, tag) in self._tagged:
-            raise InvalidRequest("tag", f"{tag!r} already names a lease of this client")
+    def _let_go(self, lease: Lease) -> bool:
+        """Free `lease`, or, while an encode holds it, once the encode lets go of it;
+        whether it was freed now."""
+        if lease.encoding:
+            lease.released = True
+            return False
+        self._drop(lease)
+        return True
 
     def _drop(self, lease: Lease) -> None:
         del self._leases[lease.id]
         if lease.tag:
-            key = (lease.owner, lease.tag)
-            siblings = self._tagged[key]
-            siblings.remove(lease)
-            if not siblings:
-                del self._tagged[key]
+            self._tags.remove(lease)
         mine = self._by_owner[lease.owner]
         del mine[lease.id]
         if not mine:
             del self._by_owner[lease.owner]
-        self._allocators[lease.slab_id].free(lease.offset)
+        self._regions.free(lease.slab_id, lease.offset)
 
     def _notify(self) -> None:
         if self.on_free is not None:

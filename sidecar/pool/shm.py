@@ -67,6 +67,14 @@ def not_in_group(group: str, what: str) -> str:
     )
 
 
+def group_id(group: str) -> int:
+    """The id of --shm-group `group`; -1 for none."""
+    try:
+        return grp.getgrnam(group).gr_gid if group else -1
+    except KeyError:
+        raise StartupError(f"no group named {group!r} (--shm-group)") from None
+
+
 class SlabSet:
     """Creates and owns all slabs of one daemon instance."""
 
@@ -82,10 +90,7 @@ class SlabSet:
         self.prefix = prefix
         self.count = count
         self.size = size
-        try:
-            self.gid = grp.getgrnam(group).gr_gid if group else -1
-        except KeyError:
-            raise StartupError(f"no group named {group!r} (--shm-group)") from None
+        self.gid = group_id(group)
         self.group = group
         self.mode = 0o660 if group else 0o600
         self.instance = secrets.token_hex(4)

@@ -4,6 +4,13 @@ given up on it)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from ..errors import Cancelled, InvalidRequest
+
+if TYPE_CHECKING:
+    from .leases import Lease
+
 # At most this many a client, its oldest forgotten first. A client withdraws one only when
 # a Lease reply was lost, and another client's withdrawals never push out its own.
 MAX_WITHDRAWN = 64
@@ -36,3 +43,40 @@ class WithdrawnTags:
                     del mine[tag]
             if not mine:
                 del self._until[owner]
+
+
+class LeaseTags:
+    """The leases granted under each client's tags, and the tags withdrawn before any
+    lease was granted under them. Not thread-safe on its own (the lease table's lock)."""
+
+    def __init__(self, ttl: float) -> None:
+        self._leases: dict[tuple[str, str], list[Lease]] = {}
+        self._withdrawn = WithdrawnTags(ttl)
+
+    def check(self, owner: str, tag: str, now: float) -> None:
+        """Refuse a grant under `tag`: withdrawn, or naming leases already."""
+        if self._withdrawn.withdrawn(owner, tag, now):
+            raise Cancelled(f"the lease request {tag!r} was withdrawn by its client")
+        if (owner, tag) in self._leases:
+            raise InvalidRequest("tag", f"{tag!r} already names a lease of this client")
+
+    def add(self, owner: str, tag: str, leases: list[Lease]) -> None:
+        self._leases[(owner, tag)] = leases
+
+    def leases(self, owner: str, tag: str) -> list[Lease] | None:
+        """The leases still held under `tag`; None if there are none."""
+        return self._leases.get((owner, tag))
+
+    def withdraw(self, owner: str, tag: str, now: float) -> None:
+        self._withdrawn.add(owner, tag, now)
+
+    def remove(self, lease: Lease) -> None:
+        """`lease` is gone: no longer under its tag."""
+        key = (lease.owner, lease.tag)
+        siblings = self._leases[key]
+        siblings.remove(lease)
+        if not siblings:
+            del self._leases[key]
+
+    def forget(self, now: float) -> None:
+        self._withdrawn.forget(now)

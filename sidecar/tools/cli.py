@@ -17,7 +17,8 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, TypeVar
 
 from .. import logs
 from ..config import Config
@@ -27,7 +28,11 @@ from ..vocabulary import default_socket
 from .cli_args import build_parser, join_negative_values
 from .exits import EXIT_INTERRUPTED, Terminated, terminate
 
+if TYPE_CHECKING:
+    from client import SidecarClient
+
 log = logging.getLogger("sidecar")
+T = TypeVar("T")
 
 
 def _socket(arg: str | None) -> str:
@@ -92,15 +97,23 @@ def demo(args: argparse.Namespace) -> int:
     )
 
 
-def status(args: argparse.Namespace) -> int:
+def _ask(args: argparse.Namespace, question: Callable[[SidecarClient], T]) -> T | None:
+    """The answer of the daemon at --socket within --timeout; None, said on stderr, when
+    it gives none."""
     from client import SidecarClient, SidecarError
 
     socket = _socket(args.socket)
     try:
         with SidecarClient(socket, timeout=args.timeout) as client:
-            report = client.status()
+            return question(client)
     except SidecarError as exc:
         print(f"video-sidecar: {_unreachable(socket, exc, args.timeout)}", file=sys.stderr)
+        return None
+
+
+def status(args: argparse.Namespace) -> int:
+    report = _ask(args, lambda client: client.status())
+    if report is None:
         return 1
     if args.json:
         print(json.dumps(report.as_dict(), indent=2, sort_keys=True))
@@ -154,14 +167,8 @@ def config(args: argparse.Namespace) -> int:
 
 
 def health(args: argparse.Namespace) -> int:
-    from client import SidecarClient, SidecarError
-
-    socket = _socket(args.socket)
-    try:
-        with SidecarClient(socket, timeout=args.timeout) as client:
-            state = client.health()
-    except SidecarError as exc:
-        print(f"video-sidecar: {_unreachable(socket, exc, args.timeout)}", file=sys.stderr)
+    state = _ask(args, lambda client: client.health())
+    if state is None:
         return 1
     print(state)
     return 0 if state == "SERVING" else 1

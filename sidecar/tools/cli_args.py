@@ -80,21 +80,22 @@ def join_negative_values(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def positive_int(text: str) -> int:
+def _number(text: str, kind: type[int] | type[float], noun: str) -> float:
     try:
-        value = int(text)
+        return kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not a {noun}: {text!r}") from None
+
+
+def positive_int(text: str) -> int:
+    value = int(_number(text, int, "whole number"))
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
 
 
 def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    value = _number(text, float, "number")
     if not 0 < value < float("inf"):  # also refuses nan
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
     return value
@@ -145,6 +146,9 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
+Commands = Any  # argparse's subparsers action: `add_parser` makes a command
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="video-sidecar",
@@ -153,17 +157,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"video-sidecar {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_serve, _config, _demo, _status, _health, _encode):
+        add(commands)
+    return parser
 
-    def command(name: str, help: str, description: str = "", **kw: Any) -> argparse.ArgumentParser:
-        return commands.add_parser(
-            name,
-            help=help,
-            description=description or help,
-            formatter_class=HelpFormatter,
-            **kw,
-        )
 
-    serve = command(
+def _command(
+    commands: Commands, name: str, help: str, description: str = "", **kw: Any
+) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = commands.add_parser(
+        name, help=help, description=description or help, formatter_class=HelpFormatter, **kw
+    )
+    return parser
+
+
+def _serve(commands: Commands) -> None:
+    serve = _command(
+        commands,
         "serve",
         "run the daemon",
         "Run the daemon; SIGTERM, SIGINT or SIGHUP shuts it down gracefully, a second one "
@@ -173,7 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
     Config.add_config_argument(serve)
     Config.add_arguments(serve)
 
-    config = command(
+
+def _config(commands: Commands) -> None:
+    config = _command(
+        commands,
         "config",
         "print the effective configuration, and where each value comes from",
         epilog=BOOLEAN_FLAGS_NOTE,
@@ -182,7 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
     Config.add_arguments(config)
     config.add_argument("--json", action="store_true", help="print JSON")
 
-    demo = command(
+
+def _demo(commands: Commands) -> None:
+    demo = _command(
+        commands,
         "demo",
         "encode a generated video end to end (starts a daemon if needed)",
         "Encode a generated test video through the real client and print each stage's time. "
@@ -208,30 +224,37 @@ def build_parser() -> argparse.ArgumentParser:
         "--overwrite", action="store_true", help="replace the --output file if it exists"
     )
 
-    status = command("status", "show pool occupancy, encodes and counters")
-    _add_socket(status)
-    status.add_argument("--json", action="store_true", help="print JSON")
-    status.add_argument(
+
+def _add_timeout(parser: argparse.ArgumentParser, default: float) -> None:
+    parser.add_argument(
         "--timeout",
         type=positive_float,
-        default=10.0,
+        default=default,
         help="seconds to wait for the daemon's answer",
     )
 
-    health = command(
+
+def _status(commands: Commands) -> None:
+    status = _command(commands, "status", "show pool occupancy, encodes and counters")
+    _add_socket(status)
+    status.add_argument("--json", action="store_true", help="print JSON")
+    _add_timeout(status, 10.0)
+
+
+def _health(commands: Commands) -> None:
+    health = _command(
+        commands,
         "health",
         "exit 0 if the daemon answers SERVING (for probes and HEALTHCHECK)",
         "Print the daemon's health (SERVING, NOT_SERVING) and exit 0 only for SERVING.",
     )
     _add_socket(health)
-    health.add_argument(
-        "--timeout",
-        type=positive_float,
-        default=5.0,
-        help="seconds to wait for the daemon's answer",
-    )
+    _add_timeout(health, 5.0)
 
-    encode = command(
+
+def _encode(commands: Commands) -> None:
+    encode = _command(
+        commands,
         "encode",
         "encode a video file (.npy, .npz or torch .pt) to MP4 or WebM",
         "Encode a video file through the daemon and write the result locally. Starts a "
@@ -257,6 +280,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_socket(encode)
     _add_shm_prefix(encode)
     encode.add_argument("--fps", type=positive_float, default=24.0, help="frames per second")
+    _add_codec_options(encode)
+    _add_media_options(encode)
+
+
+def _add_codec_options(encode: argparse.ArgumentParser) -> None:
+    """`encode`'s choices of codec, quality and speed."""
     encode.add_argument(
         "--codec",
         default="",
@@ -273,6 +302,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="speed against size [default: the codec's fastest: h264/h265 ultrafast "
         "(..., medium, slow, veryslow), av1 10 (-1..13), vp9 realtime (good, best)]",
     )
+
+
+def _add_media_options(encode: argparse.ArgumentParser) -> None:
+    """The form of what `encode` reads and writes: the frames' format, layout and range,
+    the container, and audio."""
     encode.add_argument(
         "--pixel-format",
         metavar="FORMAT",
@@ -307,4 +341,3 @@ def build_parser() -> argparse.ArgumentParser:
     encode.add_argument(
         "--sample-rate", type=int, metavar="HZ", help="sample rate of --audio, 8000..192000"
     )
-    return parser

@@ -16,7 +16,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 
-from client import AlreadyExists, SidecarClient, SidecarError
+from client import AlreadyExists, EncodeResult, SidecarClient, SidecarError
 from client.patterns import moving_pattern
 
 from ..config_values import format_size
@@ -38,30 +38,21 @@ class DemoOptions:
     shm_prefix: str = ""
 
 
+@dataclass(frozen=True)
+class _Setup:
+    """The demo's own stages, before the encode: ms each."""
+
+    startup_ms: float  # 0 when a daemon was already up
+    generate_ms: float
+    attach_ms: float
+
+
 def run(options: DemoOptions) -> int:
-    spawned: AutoDaemon | None = None
     path = options.output or DEFAULT_OUTPUT
     # The daemon (if started here) is entered first, so it outlives the client.
     with ExitStack() as stack:
         try:
-            t0 = time.perf_counter()
-            if not is_serving(options.socket):
-                print(f"starting a daemon on {options.socket}", flush=True)
-                spawned = stack.enter_context(AutoDaemon(options.socket, options.shm_prefix))
-                print(f"  shm prefix {spawned.shm_prefix}, log {spawned.log_path}", flush=True)
-            startup_ms = (time.perf_counter() - t0) * 1e3
-            client = stack.enter_context(SidecarClient(options.socket, client_name="demo"))
-
-            t0 = time.perf_counter()
-            video = moving_pattern(options.frames, options.height, options.width)
-            generate_ms = (time.perf_counter() - t0) * 1e3
-
-            t0 = time.perf_counter()
-            client.attach()
-            attach_ms = (time.perf_counter() - t0) * 1e3
-
-            overwrite = options.overwrite or not options.output
-            result = client.encode(video, fps=options.fps, path=path, overwrite=overwrite)
+            setup, video_bytes, result = _encode(options, path, stack)
         except DaemonStartError as exc:
             print(f"video-sidecar: demo failed: {exc}", file=sys.stderr)
             return 1
@@ -75,18 +66,47 @@ def run(options: DemoOptions) -> int:
         except SidecarError as exc:
             print(f"video-sidecar: demo failed: {type(exc).__name__}: {exc}", file=sys.stderr)
             return exit_status(exc)
+    _print_report(setup, video_bytes, result)
+    return 0
 
+
+def _encode(options: DemoOptions, path: str, stack: ExitStack) -> tuple[_Setup, int, EncodeResult]:
+    """A daemon started if none answers, the video made, and encoded: the stages' times,
+    the video's size and the result."""
+    t0 = time.perf_counter()
+    spawned = None
+    if not is_serving(options.socket):
+        print(f"starting a daemon on {options.socket}", flush=True)
+        spawned = stack.enter_context(AutoDaemon(options.socket, options.shm_prefix))
+        print(f"  shm prefix {spawned.shm_prefix}, log {spawned.log_path}", flush=True)
+    startup_ms = (time.perf_counter() - t0) * 1e3 if spawned else 0.0
+    client = stack.enter_context(SidecarClient(options.socket, client_name="demo"))
+
+    t0 = time.perf_counter()
+    video = moving_pattern(options.frames, options.height, options.width)
+    generate_ms = (time.perf_counter() - t0) * 1e3
+
+    t0 = time.perf_counter()
+    client.attach()
+    attach_ms = (time.perf_counter() - t0) * 1e3
+
+    overwrite = options.overwrite or not options.output
+    result = client.encode(video, fps=options.fps, path=path, overwrite=overwrite)
+    return _Setup(startup_ms, generate_ms, attach_ms), video.nbytes, result
+
+
+def _print_report(setup: _Setup, video_bytes: int, result: EncodeResult) -> None:
     t = result.timings
     print(f"\nwrote {result.path}")
     print(
         f"  {result.codec} in {result.container}, {result.width}x{result.height}, "
         f"{result.frames} frames, {result.duration:.2f} s, {format_size(result.size_bytes)}, "
-        f"from {format_size(video.nbytes)} of RGB"
+        f"from {format_size(video_bytes)} of RGB"
     )
     rows = [
-        ("daemon startup", startup_ms if spawned else 0.0, "0 when a daemon was already up"),
-        ("generate video", generate_ms, "numpy, in this process"),
-        ("attach + map slabs", attach_ms, "once per client"),
+        ("daemon startup", setup.startup_ms, "0 when a daemon was already up"),
+        ("generate video", setup.generate_ms, "numpy, in this process"),
+        ("attach + map slabs", setup.attach_ms, "once per client"),
         ("lease", t.lease_ms, "regions of pre-faulted slabs"),
         ("copy into slabs", t.copy_ms, "the only host copy"),
         ("queue", t.queue_ms, "waiting for an encoder slot"),
@@ -102,4 +122,3 @@ def run(options: DemoOptions) -> int:
     print("\n  stage                     ms")
     for name, ms, note in rows:
         print(f"  {name:<20} {ms:>9.1f}   {note}")
-    return 0

@@ -24,7 +24,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from client import SidecarClient, SidecarError, SidecarUnavailable
+from client import EncodeResult, SidecarClient, SidecarError, SidecarUnavailable
 
 from ..config_values import format_size
 from .exits import exit_status
@@ -88,6 +88,12 @@ class ProgressBar:
         if self.shown:
             self.stream.write("\n")
             self.shown = False
+
+    def __enter__(self) -> ProgressBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def load_array(path: str, names: tuple[str, ...] = ("video", "frames")) -> Any:
@@ -276,45 +282,18 @@ def run(cmd: EncodeCommand) -> int:
             print(f"video-sidecar: {exc}", file=sys.stderr)
             return 2
         stack.callback(output.discard)  # after a failure or Ctrl-C: no .part file left
-        daemon = None
-        if not is_serving(cmd.socket):
-            try:
-                daemon = stack.enter_context(AutoDaemon(cmd.socket, cmd.shm_prefix))
-            except DaemonStartError as exc:
-                print(f"video-sidecar: {exc}", file=sys.stderr)
-                return 1
-            if daemon.owned:
-                print(f"video-sidecar: {daemon.describe()}", file=sys.stderr)
-        client = stack.enter_context(SidecarClient(cmd.socket, client_name="cli"))
-        bar = ProgressBar()
-        stack.callback(bar.close)
-        noticed = stack.enter_context(warnings.catch_warnings(record=True))
-        warnings.simplefilter("always", UserWarning)
         try:
-            result = client.encode(
-                video,
-                fps=cmd.fps,
-                pixel_format=cmd.pixel_format,
-                layout=cmd.layout,
-                value_range=cmd.value_range,
-                audio=audio,
-                sample_rate=cmd.sample_rate,
-                on_progress=bar,
-                container=cmd.container,
-                codec=cmd.codec,
-                crf=cmd.crf,
-                preset=cmd.preset,
-            )
+            daemon = _daemon(cmd, stack)
+        except DaemonStartError as exc:
+            print(f"video-sidecar: {exc}", file=sys.stderr)
+            return 1
+        try:
+            result = _encode(cmd, video, audio, stack)
         except SidecarError as exc:
-            bar.close()
             print(f"video-sidecar: {type(exc).__name__}: {exc}", file=sys.stderr)
             if isinstance(exc, SidecarUnavailable) and daemon is not None and daemon.owned:
                 print(f"video-sidecar: the daemon's log: {daemon.log_path}", file=sys.stderr)
             return exit_status(exc)
-        bar.close()
-        for notice in noticed:  # the client's, about the input, in this command's words
-            if issubclass(notice.category, UserWarning):
-                print(f"video-sidecar: warning: {as_flags(str(notice.message))}", file=sys.stderr)
         try:
             output.commit(result.data or b"")
         except FileExistsError:
@@ -329,3 +308,39 @@ def run(cmd: EncodeCommand) -> int:
         f"in {result.timings.total_ms:.0f} ms"
     )
     return 0
+
+
+def _daemon(cmd: EncodeCommand, stack: ExitStack) -> AutoDaemon | None:
+    """A daemon started for the command when none answers at its socket."""
+    if is_serving(cmd.socket):
+        return None
+    daemon = stack.enter_context(AutoDaemon(cmd.socket, cmd.shm_prefix))
+    if daemon.owned:
+        print(f"video-sidecar: {daemon.describe()}", file=sys.stderr)
+    return daemon
+
+
+def _encode(cmd: EncodeCommand, video: Any, audio: Any, stack: ExitStack) -> EncodeResult:
+    """The video encoded, with a progress bar; the client's warnings about the input
+    said in this command's words once it is done."""
+    client = stack.enter_context(SidecarClient(cmd.socket, client_name="cli"))
+    with ProgressBar() as bar, warnings.catch_warnings(record=True) as noticed:
+        warnings.simplefilter("always", UserWarning)
+        result = client.encode(
+            video,
+            fps=cmd.fps,
+            pixel_format=cmd.pixel_format,
+            layout=cmd.layout,
+            value_range=cmd.value_range,
+            audio=audio,
+            sample_rate=cmd.sample_rate,
+            on_progress=bar,
+            container=cmd.container,
+            codec=cmd.codec,
+            crf=cmd.crf,
+            preset=cmd.preset,
+        )
+    for notice in noticed:
+        if issubclass(notice.category, UserWarning):
+            print(f"video-sidecar: warning: {as_flags(str(notice.message))}", file=sys.stderr)
+    return result
