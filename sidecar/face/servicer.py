@@ -27,10 +27,10 @@ from ..api.v1 import sidecar_pb2 as pb
 from ..api.v1 import sidecar_pb2_grpc as pb_grpc
 from ..errors import Cancelled, EncodeFailed, InvalidRequest, SidecarError
 from ..events import Chunk, Progress
-from ..pipeline.requests import Result
+from ..pipeline.requests import OneReply, Result
 from ..pool.lease_queue import MAX_REGIONS
 from ..service import Sidecar
-from ..vocabulary import FRAMED_VERSION, Reason
+from ..vocabulary import FRAMED_VERSION, MAX_MESSAGE_BYTES, Reason
 from .calls import CallEnd, Sessions, after_call, unless_cancelled
 from .convert import (
     attachment_to_proto,
@@ -46,6 +46,10 @@ from .decoding import Undecodable
 from .status_codes import error_trailers, errors_by_code, forget_frames, session_error, status_of
 
 log = logging.getLogger(__name__)
+
+# A one-reply gRPC call's result: its output inside the one message, with room left for
+# its other fields.
+GRPC_ONE_REPLY = OneReply(MAX_MESSAGE_BYTES - 1024 * 1024)
 
 _REQUEST_ID_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
 
@@ -125,7 +129,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.EncodeEvent]:
         received_at = time.perf_counter()
-        request_id, events = self._whole(request, received_at, one_reply=False)
+        request_id, events = self._whole(request, received_at, one_reply=None)
         async for reply in self._replies(request_id, received_at, events, context):
             yield reply
 
@@ -133,7 +137,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
     ) -> pb.EncodeResult:
         received_at = time.perf_counter()
-        request_id, events = self._whole(request, received_at, one_reply=True)
+        request_id, events = self._whole(request, received_at, one_reply=GRPC_ONE_REPLY)
         result = pb.EncodeResult()
         with CallEnd.of(context) as end:
             try:
@@ -162,16 +166,15 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         requests: AsyncIterator[pb.EncodeRequest | Undecodable],
         end: CallEnd,
         *,
-        reply_data_max: int = 0,
+        one_reply: OneReply = GRPC_ONE_REPLY,
     ) -> AsyncIterator[tuple[pb.SessionReply, list[Callable[[], None]]]]:
         """A kept session's replies, one per request, in order, each with the actions to
         run once it has gone out. Shared by EncodeSession and the framed socket's "VSF1",
-        whose replies may carry outputs of up to `reply_data_max` bytes that no lease can
-        hold."""
+        whose replies carry outputs as its `one_reply` says."""
         async for request in self._sessions.requests(requests):
             sent: list[Callable[[], None]] = []
             try:
-                result = await self._answer(request, end, reply_data_max, sent)
+                result = await self._answer(request, end, one_reply, sent)
                 reply = pb.SessionReply(result=result)
             except SidecarError as exc:  # the request's error, as its reply
                 self.sidecar.record_error(exc)
@@ -184,7 +187,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         requests: AsyncIterator[pb.FramedRequest | Undecodable],
         end: CallEnd,
         *,
-        reply_data_max: int,
+        one_reply: OneReply,
     ) -> AsyncIterator[tuple[pb.FramedReply, list[Callable[[], None]]]]:
         """The framed socket's "VSF2": `session` for encodes, with leases and releases
         between them, each as its unary call would do it."""
@@ -201,7 +204,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
                     raise InvalidRequest("request", "a FramedRequest with nothing set")
                 else:  # an encode, or bytes that are none: refused as an encode is
                     encode = request if isinstance(request, Undecodable) else request.encode
-                    result = await self._answer(encode, end, reply_data_max, sent)
+                    result = await self._answer(encode, end, one_reply, sent)
                     reply = pb.FramedReply(result=result)
             except SidecarError as exc:
                 self.sidecar.record_error(exc)
@@ -213,14 +216,12 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         self,
         request: pb.EncodeRequest | Undecodable,
         end: CallEnd,
-        reply_data_max: int,
+        one_reply: OneReply,
         sent: list[Callable[[], None]],
     ) -> pb.EncodeResult:
         """One encode on a kept session or connection: its result, or its SidecarError."""
         received_at = time.perf_counter()
-        request_id, events = self._whole(
-            request, received_at, one_reply=True, reply_data_max=reply_data_max
-        )
+        request_id, events = self._whole(request, received_at, one_reply=one_reply)
         result = pb.EncodeResult()
         async for event in self._relay(request_id, received_at, end, events, sent.append):
             if isinstance(event, Result):
@@ -237,8 +238,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         request: pb.EncodeRequest | Undecodable,
         received_at: float,
         *,
-        one_reply: bool,
-        reply_data_max: int = 0,
+        one_reply: OneReply | None,
     ) -> tuple[str, Callable[[threading.Event], AsyncIterator[Any]]]:
         """The request id to log under, and the domain events of a whole-video encode."""
         given = "" if isinstance(request, Undecodable) else request.request_id
@@ -248,9 +248,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
             if isinstance(request, Undecodable):
                 raise request.refuse()
             check_request_id(given)
-            spec = encode_spec_from_proto(
-                request, request_id, one_reply=one_reply, reply_data_max=reply_data_max
-            )
+            spec = encode_spec_from_proto(request, request_id, one_reply=one_reply)
             return self.sidecar.encode(spec, received_at, stop)
 
         return request_id, events
