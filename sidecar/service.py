@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import threading
 import time
-from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -23,21 +21,18 @@ from .codec.frames import Limits
 from .config import Config
 from .errors import (
     InvalidRequest,
-    OutOfRange,
     PoolExhausted,
     ShuttingDown,
     SidecarError,
 )
-from .events import Chunk, Progress
-from .pipeline.handback import CHUNK_SIZE, OutputHandBack
+from .pipeline.activity import Activity
+from .pipeline.encodes import Encodes
+from .pipeline.handback import OutputHandBack
 from .pipeline.intake import StreamIntake
-from .pipeline.jobs import EncodeJob
 from .pipeline.output import prepare_root
 from .pipeline.planner import Accepted, Planner
-from .pipeline.plans import EncodeOutcome
 from .pipeline.processes import EncoderProcesses
-from .pipeline.relay import relay
-from .pipeline.requests import EncodeSpec, Event, Result, StreamMessage
+from .pipeline.requests import EncodeSpec, Event, StreamMessage
 from .pipeline.scheduler import Scheduler
 from .pipeline.status import Attachment, Stats, StatusReport
 from .pipeline.warm import WarmPool, first_encode
@@ -49,8 +44,6 @@ from .pool.shm import SlabSet
 
 log = logging.getLogger(__name__)
 
-# A request that ends this soon after its client's lease was refused ended for that.
-REFUSAL_NOTE_S = 5.0
 PROCESSES_UP_S = 15.0  # the longest the start waits for the kept encoder processes
 
 
@@ -83,12 +76,10 @@ class Sidecar:
         self._accepting = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reaper: asyncio.Task[None] | None = None
-        self._working: Counter[str] = Counter()  # tokens with an encode in flight
-        self._waiting: Counter[str] = Counter()  # tokens waiting in the queue for room
-        # A lease refused to a client with an encode in flight (when, why), and the
-        # requests its client then left for that reason (request id: why), for the log.
-        self._refused: dict[str, tuple[float, str]] = {}
-        self.left_for_room: dict[str, str] = {}
+        self.activity = Activity()
+        self.encodes = Encodes(self)
+        # Requests left for a lease refused to their client (request id: why), for the log.
+        self.left_for_room = self.activity.left_for_room
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -106,7 +97,8 @@ class Sidecar:
         # them ready, and do not share the cores with their start.
         await asyncio.to_thread(self.processes.wait_started, PROCESSES_UP_S)
         self._reaper = asyncio.create_task(
-            reap_expired(self.leases, self._alive, self.config.lease_ttl), name="lease-reaper"
+            reap_expired(self.leases, self.activity.alive, self.config.lease_ttl),
+            name="lease-reaper",
         )
         self._accepting = True
 
@@ -167,20 +159,15 @@ class Sidecar:
         if not 1 <= len(sizes) <= MAX_REGIONS:
             raise InvalidRequest("more_sizes", f"a lease request holds 1-{MAX_REGIONS} regions")
         self.leases.check_sizes(sizes)
-        if token not in self._working:
+        if not self.activity.working(token):
             self._check_accepting()
         self._seen(token)
-        self._waiting[token] += 1
-        try:
-            return await self.queue.acquire(token, self.clients.name(token), sizes, wait, tag)
-        except PoolExhausted as err:
-            if token in self._working:  # its stream's next chunk: the stream ends for it
-                self._refused[token] = (time.monotonic(), str(err))
-            raise
-        finally:
-            self._waiting[token] -= 1
-            if not self._waiting[token]:
-                del self._waiting[token]
+        with self.activity.waiting(token):
+            try:
+                return await self.queue.acquire(token, self.clients.name(token), sizes, wait, tag)
+            except PoolExhausted as err:
+                self.activity.refused(token, str(err))
+                raise
 
     def release(self, token: str, lease_id: str, tag: str = "") -> None:
         """Give back a lease named by its id, or by the tag of the request that granted it."""
@@ -192,10 +179,6 @@ class Sidecar:
             raise InvalidRequest("tag", "name a lease by lease_id or by tag, not both")
         else:
             self.leases.release(token, lease_id)
-
-    def _alive(self) -> set[str]:
-        """Tokens waiting on their own encode, or in the queue for room: not silent."""
-        return {*self._working, *self._waiting}
 
     def _seen(self, token: str) -> None:
         """A call from `token`: it must be attached, and its leases stay alive."""
@@ -212,7 +195,7 @@ class Sidecar:
         `stop`, when given, is set by the transport when the client goes away or its
         deadline passes; the encoder stops at the next frame."""
         accepted = self._accept(spec)
-        async for event in self._run(accepted, received_at, stop, None):
+        async for event in self.encodes.run(accepted, received_at, stop, None):
             yield event
 
     async def stream(
@@ -227,7 +210,7 @@ class Sidecar:
         intake = StreamIntake(self.planner, accepted, self.limits)
         reader = asyncio.create_task(intake.read(messages), name=f"intake-{spec.request_id}")
         try:
-            async for event in self._run(accepted, received_at, stop, reader):
+            async for event in self.encodes.run(accepted, received_at, stop, reader):
                 yield event
         finally:
             if not reader.done():
@@ -239,122 +222,6 @@ class Sidecar:
         self._check_accepting()
         self._seen(spec.client_token)
         return self.planner.accept(spec, stream=stream)
-
-    async def _run(
-        self,
-        accepted: Accepted,
-        received_at: float,
-        stop: threading.Event | None,
-        reader: asyncio.Task[int] | None,
-    ) -> AsyncIterator[Event]:
-        """Run the request's job, passing its events on; the shared tail of both calls."""
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue[Progress | Chunk] = asyncio.Queue()
-
-        def emit(event: Progress | Chunk) -> None:  # called on the encoder thread
-            loop.call_soon_threadsafe(events.put_nowait, event)
-
-        job = EncodeJob(
-            accepted.plan,
-            self.slabset.slabs,
-            accepted.feed,
-            emit,
-            warm=self.warm,
-            processes=self.processes,
-            audio=accepted.audio,
-            chunk_size=CHUNK_SIZE,
-            cancel=stop,
-        )
-        runner = self.scheduler.submit(job)
-        outcome: EncodeOutcome | None = None
-        data_lease: Lease | None = None
-        token = accepted.spec.client_token
-        self._working[token] += 1
-        try:
-            async for event in relay(events, runner, reader):
-                yield event
-            outcome = runner.result()
-            spec = accepted.spec
-            inline, data_lease, in_next = await self.handback.hand_back(
-                spec, outcome, reader is None
-            )
-            if not inline and data_lease is None:
-                for offset, data in outcome.read_chunks(CHUNK_SIZE):
-                    yield Chunk(offset, data)
-            next_bytes = reader.result() if reader is not None else spec.next_lease_bytes
-            next_lease = data_lease if in_next else None
-            yield self._result(
-                accepted, job, outcome, received_at, next_bytes, inline, data_lease, next_lease
-            )
-            data_lease = None  # the client's now
-        except BaseException:
-            if outcome is None:
-                # The client went away or something failed: stop the encoder, which frees
-                # (or gives back) every lease it holds; wait for it so none is left behind.
-                self._note_refusal(token, accepted.spec.request_id)
-                job.stop()
-                self.stats.encodes_failed += 1
-                with contextlib.suppress(BaseException):
-                    await asyncio.shield(runner)
-            raise
-        finally:
-            self._working[token] -= 1
-            if not self._working[token]:
-                del self._working[token]
-                self._refused.pop(token, None)
-            if outcome is not None:
-                outcome.close()
-            if data_lease is not None:  # the result never went: nobody will read it
-                self.leases.free([data_lease])
-
-    def _note_refusal(self, token: str, request_id: str) -> None:
-        """A request ended right after its client's lease was refused: left for that."""
-        when, why = self._refused.pop(token, (0.0, ""))
-        if time.monotonic() - when < REFUSAL_NOTE_S:
-            while len(self.left_for_room) >= 1024:  # read at once; bounded all the same
-                del self.left_for_room[next(iter(self.left_for_room))]
-            self.left_for_room[request_id] = why
-
-    def _result(
-        self,
-        accepted: Accepted,
-        job: EncodeJob,
-        outcome: EncodeOutcome,
-        received_at: float,
-        next_lease_bytes: int,
-        data: bytes,
-        data_lease: Lease | None,
-        next_lease: Lease | None = None,
-    ) -> Result:
-        """The result; `next_lease` when the output already went into it (else one of
-        `next_lease_bytes` is granted now, if there is room)."""
-        spec, plan = accepted.spec, accepted.plan
-        if next_lease is None and next_lease_bytes and not self.queue.waiting:
-            with contextlib.suppress(OutOfRange):  # no room is no spare, not an error
-                next_lease = self.leases.grant(spec.client_token, next_lease_bytes, spare=True)
-        self.stats.record_success(outcome.frames, outcome.size_bytes)
-        return Result(
-            request_id=spec.request_id,
-            path=outcome.path,
-            size_bytes=outcome.size_bytes,
-            frames=outcome.frames,
-            duration_s=outcome.duration_s,
-            codec=plan.codec.choice.name,
-            container=plan.container,
-            width=plan.geometry.width,
-            height=plan.geometry.height,
-            audio_samples=outcome.audio_samples,
-            timings_ms={
-                "validate_ms": accepted.validate_ms,
-                **outcome.timings_ms,
-                "total_ms": (time.perf_counter() - received_at) * 1e3,
-            },
-            next_lease=next_lease,
-            data=data,
-            data_lease=data_lease,
-            # Holds the settings, not the job: nothing of it may outlive the request.
-            after=functools.partial(self.warm.answered, job.warm_key) if job.warm_key else None,
-        )
 
     # -- reporting -----------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ def test_back_to_back_requests_find_a_ready_encoder(make_daemon) -> None:  # typ
 
 def test_open_ms_is_what_the_request_spent_getting_its_encoder(make_daemon) -> None:  # type: ignore[no-untyped-def]
     """A ready encoder costs the request nothing, and its own open is reported as
-    `open_ms`; a wait for one still opening is counted there too (jobs.EncodeJob._open),
+    `open_ms`; a wait for one still opening is counted there too (ways.ReadyEncoder),
     so the stages never add up to more than the daemon's own time."""
     clip = moving_pattern(1, 768, 1344)
     ready = make_daemon(warm_encoders=2, encoder_processes=0)
@@ -249,15 +249,16 @@ def test_a_kept_converter_is_primed_once_and_changes_no_byte(monkeypatch) -> Non
 
     from sidecar.codec.catalogue import CodecSpec
     from sidecar.codec.colour import FrameConverter
-    from sidecar.pipeline.process_main import KEPT_CONVERTERS, Worker
-    from sidecar.pipeline.warm import warm_up
+    from sidecar.pipeline.process_main import Worker
+    from sidecar.pipeline.ready import KEPT_CONVERTERS
+    from sidecar.pipeline.warm import open_in_memory
 
     geometry = Geometry(96, 64, PIXEL_FORMATS["rgb24"], Fraction(24))
     codec = CodecSpec().resolve("mp4")
     image = moving_pattern(1, 64, 96, noise=4.0)[0]
 
     def encoded(converter: FrameConverter | None) -> bytes:
-        warm = warm_up(geometry, codec, 2, "SLICE", converter)
+        warm = open_in_memory(geometry, codec, 2, "SLICE", converter, prime=True)
         try:
             warm.encoder.encode(image)
             warm.encoder.close()
@@ -287,7 +288,7 @@ def test_a_kept_converter_is_primed_once_and_changes_no_byte(monkeypatch) -> Non
         SimpleNamespace(geometry=Geometry(96, 64 + 2 * n, geometry.layout, geometry.fps), threads=2)
         for n in range(KEPT_CONVERTERS + 1)
     ]
-    made = [worker._converter(cast(Any, job)) for job in jobs]
-    assert worker._converter(cast(Any, jobs[-1])) is made[-1]
-    assert len(worker._converters) == KEPT_CONVERTERS  # the oldest settings' went
-    assert worker._converter(cast(Any, jobs[0])) is not made[0]
+    made = [worker.ready.converter(cast(Any, job)) for job in jobs]
+    assert worker.ready.converter(cast(Any, jobs[-1])) is made[-1]
+    assert len(worker.ready.converters) == KEPT_CONVERTERS  # the oldest settings' went
+    assert worker.ready.converter(cast(Any, jobs[0])) is not made[0]

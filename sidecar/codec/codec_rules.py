@@ -61,38 +61,40 @@ class OptionRule:
 
 
 @dataclass(frozen=True)
-class Int(OptionRule):
-    lo: int
-    hi: int
+class Number(OptionRule):
+    """A number in `lo`..`hi`: an integer, or a decimal written out with at most six
+    places (`Int`, `Float`)."""
 
-    def check(self, value: str) -> str:
-        if not _INT.fullmatch(value) or not self.lo <= int(value) <= self.hi:
-            raise self._refuse(value)
-        return str(int(value))
-
-    def describe(self) -> str:
-        return f"an integer in {self.lo}..{self.hi}"
-
-    def examples(self) -> tuple[str, ...]:
-        return (str(self.lo), str(self.hi))
-
-
-@dataclass(frozen=True)
-class Float(OptionRule):
     lo: float
     hi: float
+    integer: bool = False
 
     def check(self, value: str) -> str:
-        if not _FLOAT.fullmatch(value) or not self.lo <= float(value) <= self.hi:
+        pattern, number = (_INT, int) if self.integer else (_FLOAT, float)
+        if not pattern.fullmatch(value) or not self.lo <= number(value) <= self.hi:
             raise self._refuse(value)
+        if self.integer:
+            return str(int(value))
         text = f"{float(value):.6f}".rstrip("0").rstrip(".")
         return "0" if text in ("-0", "") else text
 
     def describe(self) -> str:
+        if self.integer:
+            return f"an integer in {self.lo}..{self.hi}"
         return f"a number in {self.lo:g}..{self.hi:g}"
 
     def examples(self) -> tuple[str, ...]:
+        if self.integer:
+            return (str(self.lo), str(self.hi))
         return (f"{self.lo:g}", f"{(self.lo + self.hi) / 2:g}", f"{self.hi:g}")
+
+
+def Int(lo: int, hi: int) -> Number:  # named as the rule it makes
+    return Number(lo, hi, integer=True)
+
+
+def Float(lo: float, hi: float) -> Number:
+    return Number(lo, hi)
 
 
 @dataclass(frozen=True)
@@ -156,8 +158,8 @@ class SomeOf(OptionRule):
 class Pair(OptionRule):
     """Two values written 'a,b' (x264/x265 deblock and psy-rd read this form too)."""
 
-    first: Int | Float
-    second: Int | Float
+    first: Number
+    second: Number
 
     def check(self, value: str) -> str:
         parts = value.split(",")

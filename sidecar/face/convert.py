@@ -25,6 +25,7 @@ from ..pipeline.requests import (
     EncodeSpec,
     InlineChunk,
     LeaseChunk,
+    OneReply,
     OutputRequest,
     Result,
     StreamEnd,
@@ -161,7 +162,7 @@ def audio_pieces_from_proto(data: Any) -> tuple[AudioPiece, ...]:
 
 
 def encode_spec_from_proto(
-    request: pb.EncodeRequest, request_id: str, *, one_reply: bool = False, reply_data_max: int = 0
+    request: pb.EncodeRequest, request_id: str, *, one_reply: OneReply | None = None
 ) -> EncodeSpec:
     v = request.video
     return EncodeSpec(
@@ -173,7 +174,6 @@ def encode_spec_from_proto(
         data_in_result=request.data_in_result,
         data_in_lease=request.data_in_lease,
         one_reply=one_reply,
-        reply_data_max=reply_data_max,
         data_in_next_lease=request.data_in_next_lease,
         landed_count_offset=request.landed_count_offset,
         output=output_from_proto(request.output, request.HasField("output")),

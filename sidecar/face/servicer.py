@@ -22,9 +22,10 @@ from ..api import framing
 from ..api.v1 import sidecar_pb2 as pb
 from ..api.v1 import sidecar_pb2_grpc as pb_grpc
 from ..errors import Cancelled, InvalidRequest, SidecarError
-from ..pipeline.requests import Result
+from ..pipeline.requests import OneReply, Result
 from ..pool.lease_queue import MAX_REGIONS
 from ..service import Sidecar
+from ..vocabulary import MAX_MESSAGE_BYTES
 from .calls import CallEnd, Sessions, after_call, unless_cancelled
 from .convert import (
     attachment_to_proto,
@@ -39,6 +40,10 @@ from .convert import (
 from .decoding import Undecodable
 from .outcomes import EncodeCall, Observer, Outcomes, check_request_id, request_id_for
 from .status_codes import error_trailers, errors_by_code, forget_frames, session_error, status_of
+
+# A one-reply gRPC call's result: its output inside the one message, with room left for
+# its other fields.
+GRPC_ONE_REPLY = OneReply(MAX_MESSAGE_BYTES - 1024 * 1024)
 
 Sent = list[Callable[[], None]]  # what to run once a reply has gone out
 
@@ -122,7 +127,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.EncodeEvent]:
         received_at = time.perf_counter()
-        encode = self._whole(request, received_at, one_reply=False)
+        encode = self._whole(request, received_at, one_reply=None)
         async for reply in self._replies(encode, context):
             yield reply
 
@@ -130,7 +135,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
     ) -> pb.EncodeResult:
         received_at = time.perf_counter()
-        encode = self._whole(request, received_at, one_reply=True)
+        encode = self._whole(request, received_at, one_reply=GRPC_ONE_REPLY)
         with CallEnd.of(context) as end:
             try:
                 return await self._result(encode, end, after_call(context))
@@ -157,7 +162,9 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         async for request in self._sessions.requests(requests):
             sent: Sent = []
             try:
-                reply = pb.SessionReply(result=await self._answer(request, end, 0, sent))
+                reply = pb.SessionReply(
+                    result=await self._answer(request, end, GRPC_ONE_REPLY, sent)
+                )
             except SidecarError as exc:  # the request's error, as its reply
                 reply = pb.SessionReply(error=self._error(exc))
             yield reply, sent
@@ -167,15 +174,15 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         requests: AsyncIterator[pb.FramedRequest | Undecodable],
         end: CallEnd,
         *,
-        reply_data_max: int,
+        one_reply: OneReply,
     ) -> AsyncIterator[tuple[pb.FramedReply, Sent]]:
-        """The framed socket's replies: `session`'s for encodes, whose replies may carry
-        outputs of up to `reply_data_max` bytes that no lease can hold, with leases and
-        releases between them, each as its unary call would do it."""
+        """The framed socket's replies: `session`'s for encodes, whose replies carry
+        outputs as `one_reply` says, with leases and releases between them, each as its
+        unary call would do it."""
         async for request in self._sessions.requests(requests):
             sent: Sent = []
             try:
-                reply = await self._framed_reply(request, end, reply_data_max, sent)
+                reply = await self._framed_reply(request, end, one_reply, sent)
             except SidecarError as exc:
                 reply = pb.FramedReply(error=self._error(exc))
             yield reply, sent
@@ -184,13 +191,13 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         self,
         request: pb.FramedRequest | Undecodable,
         end: CallEnd,
-        reply_data_max: int,
+        one_reply: OneReply,
         sent: Sent,
     ) -> pb.FramedReply:
         if isinstance(request, Undecodable) or request.WhichOneof("request") == "encode":
             # An encode, or bytes that are none: refused as an encode is.
             encode = request if isinstance(request, Undecodable) else request.encode
-            return pb.FramedReply(result=await self._answer(encode, end, reply_data_max, sent))
+            return pb.FramedReply(result=await self._answer(encode, end, one_reply, sent))
         kind = request.WhichOneof("request")
         if kind == "lease":
             return pb.FramedReply(lease=await self._lease(request.lease))
@@ -203,12 +210,12 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         self,
         request: pb.EncodeRequest | Undecodable,
         end: CallEnd,
-        reply_data_max: int,
+        one_reply: OneReply,
         sent: Sent,
     ) -> pb.EncodeResult:
         """One encode on a kept session or connection: its result, or its SidecarError."""
         received_at = time.perf_counter()
-        encode = self._whole(request, received_at, one_reply=True, reply_data_max=reply_data_max)
+        encode = self._whole(request, received_at, one_reply=one_reply)
         return await self._result(encode, end, sent.append)
 
     async def _result(
@@ -231,8 +238,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         request: pb.EncodeRequest | Undecodable,
         received_at: float,
         *,
-        one_reply: bool,
-        reply_data_max: int = 0,
+        one_reply: OneReply | None,
     ) -> EncodeCall:
         """A whole-video encode: the request id to log under, and its domain events."""
         given = "" if isinstance(request, Undecodable) else request.request_id
@@ -242,9 +248,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
             if isinstance(request, Undecodable):
                 raise request.refuse()
             check_request_id(given)
-            spec = encode_spec_from_proto(
-                request, request_id, one_reply=one_reply, reply_data_max=reply_data_max
-            )
+            spec = encode_spec_from_proto(request, request_id, one_reply=one_reply)
             return self.sidecar.encode(spec, received_at, stop)
 
         return EncodeCall(request_id, received_at, events)

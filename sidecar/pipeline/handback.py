@@ -1,28 +1,82 @@
 """How a bytes output goes back with its result: inside it, in a lease granted to the
 client (its next request's, or one of its own), or as chunks before it.
 
-One choice, made here: `OutputHandBack.hand_back`. The face says what its reply can carry
-(`EncodeSpec.one_reply`, `reply_data_max`); this decides which way the output takes.
+One choice, made once: `OutputHandBack.ways` puts the ways that may take an output in the
+order they are tried (a lease may have no room: then the next). The transport says what
+its reply can carry (`EncodeSpec.one_reply`); this decides which way the output takes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import dataclass
+from typing import Protocol
 
 from ..errors import OutOfRange, PoolExhausted
 from ..pool.lease_queue import LeaseQueue
 from ..pool.leases import Lease, LeaseTable
 from ..pool.shm import SlabSet
-from ..vocabulary import MAX_MESSAGE_BYTES
 from .plans import EncodeOutcome
 from .requests import EncodeSpec
 
-CHUNK_SIZE = 1024 * 1024  # bytes outputs travel in pieces well under gRPC's 4 MiB limit
+CHUNK_SIZE = 1024 * 1024  # bytes outputs travel in pieces of this size
 # Outputs over this go back in the client's next lease when it asks (data_in_next_lease).
 NEXT_LEASE_DATA_MIN = 64 * 1024
-# An EncodeOnce result's own bytes: one message, with room left for its other fields.
-ONE_REPLY_DATA_MAX = MAX_MESSAGE_BYTES - 1024 * 1024
+
+
+@dataclass(frozen=True)
+class HandedBack:
+    """Which way the output took: its bytes inside the result, a lease it is in (the one
+    for the client's next request when `next_lease`), else chunks before the result."""
+
+    data: bytes = b""
+    lease: Lease | None = None
+    next_lease: bool = False
+
+    @property
+    def in_chunks(self) -> bool:
+        return not self.data and self.lease is None
+
+
+class WayBack(Protocol):
+    async def take(self, outcome: EncodeOutcome) -> HandedBack | None:
+        """The output sent this way; None if it cannot go this way (no room)."""
+        ...
+
+
+class InResult:
+    async def take(self, outcome: EncodeOutcome) -> HandedBack | None:
+        return HandedBack(data=outcome.read_all())
+
+
+class InChunks:
+    """Chunks before the result; also an output already sent, or none to send."""
+
+    async def take(self, outcome: EncodeOutcome) -> HandedBack | None:
+        return HandedBack()
+
+
+@dataclass(frozen=True)
+class InLease:
+    handback: OutputHandBack
+    token: str
+    size: int = 0  # the lease's (0: the output's)
+    next_lease: bool = False  # the one for the client's next request
+
+    async def take(self, outcome: EncodeOutcome) -> HandedBack | None:
+        lease = await self.handback.in_lease(self.token, outcome, self.size, spare=self.next_lease)
+        return None if lease is None else HandedBack(lease=lease, next_lease=self.next_lease)
+
+
+class TooLarge:
+    """A one-reply output no lease had room for and the reply cannot carry."""
+
+    async def take(self, outcome: EncodeOutcome) -> HandedBack | None:
+        raise PoolExhausted(
+            f"the output ({outcome.size_bytes} bytes) is too large for one reply and no "
+            "lease has room for it; ask for outputs this large without a one-reply call"
+        )
 
 
 class OutputHandBack:
@@ -31,35 +85,33 @@ class OutputHandBack:
         self.slabset = slabset
         self.queue = queue
 
-    async def hand_back(
-        self, spec: EncodeSpec, outcome: EncodeOutcome, whole: bool
-    ) -> tuple[bytes, Lease | None, bool]:
-        """How a bytes output goes back with the result: inside it, or in a lease granted
-        to the client (True: the one for its next request, `whole` encodes only); neither
-        means chunks before it (or nothing to send)."""
+    async def hand_back(self, spec: EncodeSpec, outcome: EncodeOutcome, whole: bool) -> HandedBack:
+        """Send the bytes output back the first way of `ways` that takes it."""
+        for way in self.ways(spec, outcome, whole):
+            handed = await way.take(outcome)
+            if handed is not None:
+                return handed
+        return HandedBack()
+
+    def ways(self, spec: EncodeSpec, outcome: EncodeOutcome, whole: bool) -> list[WayBack]:
+        """The ways the output may go back, in the order they are tried. The lease for
+        the client's next request (`whole` encodes only) is tried first; chunks, or a
+        one-reply call's refusal, last."""
         if not outcome.unsent:
-            return b"", None, False
-        token = spec.client_token
+            return [InChunks()]  # sent already, or a file
+        token, size = spec.client_token, outcome.size_bytes
+        ways: list[WayBack] = []
         # No spare while others wait for room: it would jump the queue.
         if whole and _in_next_lease(spec, outcome) and not self.queue.waiting:
             # The client's next frames go in the same lease, once it has the output.
-            lease = await self.in_lease(token, outcome, spec.next_lease_bytes, spare=True)
-            if lease is not None:
-                return b"", lease, True
-        if outcome.size_bytes <= _inline_max(spec):
-            return outcome.read_all(), None, False
+            ways.append(InLease(self, token, spec.next_lease_bytes, next_lease=True))
+        if size <= _inline_max(spec):
+            return [*ways, InResult()]
         if spec.data_in_lease or spec.one_reply:
-            lease = await self.in_lease(token, outcome)
-            if lease is not None:
-                return b"", lease, False
-            if spec.one_reply:
-                if outcome.size_bytes <= spec.reply_data_max:
-                    return outcome.read_all(), None, False  # the framed socket takes it
-                raise PoolExhausted(
-                    f"the output ({outcome.size_bytes} bytes) is too large for one reply "
-                    "and no lease has room for it; use Encode for outputs this large"
-                )
-        return b"", None, False
+            ways.append(InLease(self, token))
+        if spec.one_reply is None:
+            return [*ways, InChunks()]
+        return [*ways, InResult() if size <= spec.one_reply.data_max else TooLarge()]
 
     async def in_lease(
         self, token: str, outcome: EncodeOutcome, size: int = 0, *, spare: bool = False
@@ -97,9 +149,8 @@ def _in_next_lease(spec: EncodeSpec, outcome: EncodeOutcome) -> bool:
 
 
 def _inline_max(spec: EncodeSpec) -> int:
-    """The largest bytes output that travels inside the result (-1: none does). A
-    framed reply (`reply_data_max`) takes more only when no lease has room: copied into a
-    lease and out, a 2.9 MB output reached the client sooner than inside the reply."""
-    if spec.one_reply and not spec.reply_data_max:
-        return ONE_REPLY_DATA_MAX
-    return CHUNK_SIZE if spec.data_in_result or spec.one_reply else -1
+    """The largest bytes output that travels inside the result while a lease could hold
+    it (-1: none does)."""
+    if spec.one_reply is not None:
+        return spec.one_reply.inline_max
+    return CHUNK_SIZE if spec.data_in_result else -1

@@ -123,6 +123,16 @@ class FileTarget:
         self.temp = temp
         return temp
 
+    def fill(self, memfd: int | None, data: bytes = b"") -> None:
+        """Write an output encoded in memory (`memfd`, else `data`) to the temporary file."""
+        with open(self.open_temp(), "wb") as out:
+            if memfd is None:
+                out.write(data)
+                return
+            size, sent = os.fstat(memfd).st_size, 0
+            while sent < size:
+                sent += os.sendfile(out.fileno(), memfd, sent, size - sent)
+
     def commit(self) -> Path:
         """Move the finished temporary file into place, atomically."""
         assert self.temp is not None

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..codec.audio import AudioFormat
+from ..codec.audio_format import AudioFormat
 from ..codec.catalogue import CONTAINERS
 from ..codec.ceiling import CostCeiling
 from ..codec.frames import Geometry, Limits, PlacedRange, check_geometry, place_ranges
@@ -89,7 +89,7 @@ class Planner:
             container=out.container,
             audio=audio,
             frames_total=frames_total,
-            one_reply=spec.one_reply,
+            one_reply=spec.one_reply is not None,
             landed_at=landed_at,
         )
         return plan, ranges

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..codec.audio import AudioFormat
+from ..codec.audio_format import AudioFormat
 from ..codec.catalogue import ResolvedCodec
 from ..codec.frames import Geometry
 from .output import FileTarget

@@ -24,6 +24,7 @@ import select
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import send_handle
@@ -32,19 +33,19 @@ import av
 import numpy as np
 
 from ..codec.catalogue import ResolvedCodec
-from ..codec.colour import FrameConverter
 from ..codec.encoder import VideoEncoder
 from ..codec.frames import Geometry, PlacedRange, borrow_frames
-from ..codec.landing import Frames, Landing
+from ..codec.landing import Landing
 from ..codec.memory import RELEASE_S, keep_freed, limit_arenas, trim
 from ..errors import Cancelled, InvalidRequest, SidecarError
 from ..events import PROGRESS_INTERVAL
-from .warm import EncoderKey, WarmEncoder, open_in_memory, warm_up
+from .consume import Handing, encode_pieces
+from .ready import EncoderSettings, ReadySlot
+from .warm import EncoderKey, WarmEncoder
 
 # Larger outputs are handed over as a descriptor: pickling a 2.9 MB output through the
 # socket and back took ten times as long as handing over its memfd.
 INLINE_ANSWER_BYTES = 256 * 1024
-KEPT_CONVERTERS = 4  # colour converters kept for the settings served last
 WATCH_S = 0.002  # how often an encode looks for the daemon's Stop, at most
 
 
@@ -57,17 +58,6 @@ class Region:
     frame_count: int
     row_stride: int
     frame_stride: int
-
-
-@dataclass(frozen=True)
-class EncoderSettings:
-    """What opening an encoder takes."""
-
-    key: EncoderKey
-    geometry: Geometry
-    codec: ResolvedCodec
-    threads: int
-    thread_type: str
 
 
 @dataclass(frozen=True)
@@ -152,24 +142,14 @@ class Worker:
         self._conn = conn
         self._idle_s = idle_s  # idle this long, the ready encoder closes and memory goes back
         self._slabs = [_map(path) for path in slab_paths]
-        self._warm: tuple[EncoderKey, WarmEncoder] | None = None
+        self.ready = ReadySlot()
         self._used: list[WarmEncoder] = []  # freed once the answer is sent
-        # Colour converters kept from one encoder to the next of the same settings: the
-        # refill then opens x264 alone, and no swscale set-up (3 of its 7 ms, and 5 ms of
-        # CPU, at 1344x768 on two cores) competes with the next request's encode.
-        self._converters: dict[tuple[Geometry, int], FrameConverter] = {}
         self._outgoing: int | None = None  # a large answer's memfd, sent after it
 
     def serve(self) -> None:
         while True:
             if not self._conn.poll(self._idle_s):
-                had_warm = self._warm is not None
-                self._discard_warm()
-                self._converters.clear()
-                trim()  # what the encoders freed, kept for the next ones (keep_freed)
-                if had_warm:
-                    with contextlib.suppress(OSError):
-                        self._conn.send(Ready(None))  # no encoder ready any more
+                self._idle()
                 continue
             try:
                 job = self._conn.recv()
@@ -179,137 +159,100 @@ class Worker:
                 return
             if isinstance(job, Stop):
                 continue  # it crossed the answer: nothing to stop
-            if isinstance(job, Prepare):
-                try:
-                    self._conn.send(Ready(self._prepare(job)))
-                except OSError:
-                    return
-                continue
-            assert isinstance(job, Assignment)
-            received_at = time.perf_counter()
-            answer = self._encode(job)
-            answer.received_at = received_at
             try:
-                self._conn.send(answer)
-                if self._outgoing is not None:
-                    send_handle(self._conn, self._outgoing, os.getppid())
-                    os.close(self._outgoing)
-                    self._outgoing = None
-                # Only now let the used encoder go: closing x264 joins its threads.
-                self._used.clear()
-                self._conn.send(Ready(self._refill(job)))
+                if isinstance(job, Prepare):
+                    self._conn.send(Ready(self.ready.prepare(job)))
+                else:
+                    assert isinstance(job, Assignment)
+                    self._serve(job)
             except OSError:
                 return  # the daemon has gone
 
+    def _idle(self) -> None:
+        """No work for `idle_s`: the ready encoder goes, and the memory the encoders freed."""
+        had_ready = self.ready.holds
+        self.ready.discard()
+        self.ready.converters.clear()
+        trim()  # what the encoders freed, kept for the next ones (keep_freed)
+        if had_ready:
+            with contextlib.suppress(OSError):
+                self._conn.send(Ready(None))  # no encoder ready any more
+
+    def _serve(self, job: Assignment) -> None:
+        received_at = time.perf_counter()
+        answer = self._encode(job)
+        answer.received_at = received_at
+        self._conn.send(answer)
+        if self._outgoing is not None:
+            send_handle(self._conn, self._outgoing, os.getppid())
+            os.close(self._outgoing)
+            self._outgoing = None
+        # Only now let the used encoder go: closing x264 joins its threads.
+        self._used.clear()
+        self._conn.send(Ready(self.ready.refill(job)))
+
     def _encode(self, job: Assignment) -> Answer:
-        warm = self._take_warm(job)
+        warm = self.ready.take(job)
         was_ready = warm is not None
         encoder: VideoEncoder | None = None
         try:
             if warm is None:
-                warm = open_in_memory(
-                    job.geometry, job.codec, job.threads, job.thread_type, self._converter(job)
-                )
+                warm = self.ready.open(job)
             else:
                 warm.encoder.timings.open = 0.0  # paid before this request arrived
             encoder = warm.encoder
-            total = sum(region.frame_count for region in job.regions)
-            encoder.reserve_index(total)
-            watch = _Watch(self._conn, encoder)
-            landing = None
-            if job.landed_at is not None:
-                landing = Landing(self._slabs[job.landed_at[0]], job.landed_at[1], total)
-            first = 0
-            for region in job.regions:
-                placed = PlacedRange(
-                    None,  # type: ignore[arg-type]  # leases stay with the daemon
-                    region.start,
-                    region.frame_count,
-                    region.row_stride,
-                    region.frame_stride,
-                )
-                images = borrow_frames(self._slabs[region.slab], job.geometry, placed)
-                gated: Frames = images if landing is None else landing.gate(images, first, watch)
-                first += region.frame_count
-                encoder.encode_all(gated, watch)
-            encoder.close(watch)  # a Stop ends the drain between its packets too
+            self._consume(job, encoder)
             size = os.fstat(warm.memfd).st_size
             in_file = size > INLINE_ANSWER_BYTES
             if in_file:
                 self._outgoing = os.dup(warm.memfd)  # sent after the answer
-            data = b"" if in_file else os.pread(warm.memfd, size, 0)
-            timings = dataclasses.asdict(encoder.timings)
             return Answer(
-                data=data,
+                data=b"" if in_file else os.pread(warm.memfd, size, 0),
                 in_file=in_file,
                 size=size,
                 frames=encoder.frames,
                 warm=was_ready,
-                timings_s=timings,
-            )
-        except Cancelled:
-            frames = encoder.frames if encoder is not None else 0
-            return Answer(frames=frames, error="Cancelled", message="cancelled by the client")
-        except InvalidRequest as exc:
-            frames = encoder.frames if encoder is not None else 0
-            return Answer(
-                frames=frames, error="InvalidRequest", field=exc.field, message=_detail(exc)
+                timings_s=dataclasses.asdict(encoder.timings),
             )
         except (SidecarError, av.error.FFmpegError, ValueError, OSError) as exc:
-            frames = encoder.frames if encoder is not None else 0
-            return Answer(frames=frames, error="EncodeFailed", message=f"encoder failed: {exc}")
+            return _refusal(exc, encoder.frames if encoder is not None else 0)
         finally:
             if warm is not None:
                 warm.discard()
                 self._used.append(warm)
 
-    def _take_warm(self, job: Assignment) -> WarmEncoder | None:
-        """The ready encoder, if it suits `job`. A long video's frame threads must be the
-        job's share of the cores: one opened with all of them for a request that ran
-        alone would crowd seven others out. (A clip of a few frames takes it anyway: its
-        threads are busy for a few milliseconds, and the open would cost more.)"""
-        if self._suits(job):
-            assert self._warm is not None
-            warm, self._warm = self._warm[1], None
-            return warm
-        self._discard_warm()
-        return None
+    def _consume(self, job: Assignment, encoder: VideoEncoder) -> None:
+        """Every frame of `job` into `encoder`, then its end."""
+        total = sum(region.frame_count for region in job.regions)
+        encoder.reserve_index(total)
+        watch = _Watch(self._conn, encoder)
+        landing = None
+        if job.landed_at is not None:
+            landing = Landing(self._slabs[job.landed_at[0]], job.landed_at[1], total)
+        encode_pieces(encoder, job.regions, self._frames_of(job), Handing(landing, watch), watch)
+        encoder.close(watch)  # a Stop ends the drain between its packets too
 
-    def _suits(self, job: EncoderSettings) -> bool:
-        """Whether the ready encoder may serve `job` (see `_take_warm`)."""
-        if self._warm is None or self._warm[0] != job.key:
-            return False
-        return job.thread_type != "FRAME" or self._warm[1].threads == job.threads
+    def _frames_of(self, job: Assignment) -> Callable[[Region], np.ndarray]:
+        def frames_of(region: Region) -> np.ndarray:
+            placed = PlacedRange(
+                None,  # type: ignore[arg-type]  # leases stay with the daemon
+                region.start,
+                region.frame_count,
+                region.row_stride,
+                region.frame_stride,
+            )
+            return borrow_frames(self._slabs[region.slab], job.geometry, placed)
 
-    def _prepare(self, job: Prepare) -> EncoderKey | None:
-        if self._suits(job):
-            return job.key  # one is ready already
-        self._discard_warm()
-        return self._refill(job)
+        return frames_of
 
-    def _refill(self, job: EncoderSettings) -> EncoderKey | None:
-        try:
-            converter = self._converter(job)
-            warm = warm_up(job.geometry, job.codec, job.threads, job.thread_type, converter)
-        except Exception:  # the request already had its answer; simply not ready
-            return None
-        self._warm = (job.key, warm)
-        return job.key
 
-    def _converter(self, job: EncoderSettings) -> FrameConverter:
-        """The converter for `job`'s settings, kept for the next encoder of them (the
-        last few settings only)."""
-        key = FrameConverter.key_for(job.geometry, job.threads)
-        converter = self._converters.pop(key, None) or FrameConverter(job.geometry, job.threads)
-        self._converters[key] = converter  # the most recent last
-        while len(self._converters) > KEPT_CONVERTERS:
-            del self._converters[next(iter(self._converters))]
-        return converter
-
-    def _discard_warm(self) -> None:
-        if self._warm is not None:
-            self._warm[1].discard()
-            self._warm = None
+def _refusal(exc: BaseException, frames: int) -> Answer:
+    """The answer of an encode that ended with `exc`, after `frames` frames."""
+    if isinstance(exc, Cancelled):
+        return Answer(frames=frames, error="Cancelled", message="cancelled by the client")
+    if isinstance(exc, InvalidRequest):
+        return Answer(frames=frames, error="InvalidRequest", field=exc.field, message=_detail(exc))
+    return Answer(frames=frames, error="EncodeFailed", message=f"encoder failed: {exc}")
 
 
 class _Watch:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..codec.audio import AudioFormat
+from ..codec.audio_format import AudioFormat
 from ..codec.catalogue import CodecSpec
 from ..codec.frames import FrameRangeSpec
 from ..events import Chunk, Progress
@@ -48,6 +48,23 @@ class AudioRequest:
 
 
 @dataclass(frozen=True)
+class OneReply:
+    """The result is the only reply: nothing goes back before it, and the output travels
+    inside it up to `data_max` bytes. The transport sets both: it knows its message limit,
+    and whether a lease is the quicker way back for a large output."""
+
+    data_max: int
+    # Outputs past this go back in a lease when one has room, though the reply could carry
+    # them (0: none does; all up to `data_max` travel inside).
+    lease_past: int = 0
+
+    @property
+    def inline_max(self) -> int:
+        """The largest output that travels inside the reply while a lease could hold it."""
+        return self.lease_past or self.data_max
+
+
+@dataclass(frozen=True)
 class EncodeSpec:
     """A whole-video encode, or the header of a stream (then `video.ranges` is empty)."""
 
@@ -60,11 +77,8 @@ class EncodeSpec:
     next_lease_bytes: int = 0  # lease this much for the client's next request when done
     data_in_result: bool = False  # a one-chunk bytes output may travel in the result
     data_in_lease: bool = False  # a larger one, in a lease granted to the client
-    one_reply: bool = False  # EncodeOnce: the result is the only reply, output inside it
-    # One reply on the framed socket: an output past 1 MiB goes back in a lease, and with
-    # no lease to go back in inside the reply up to this many bytes (0: a gRPC reply,
-    # which takes up to 7 MiB inside, and no more).
-    reply_data_max: int = 0
+    # Set when the result is the only reply (see `OneReply`); None: replies may be many.
+    one_reply: OneReply | None = None
     data_in_next_lease: bool = False  # an output may go back in the next request's lease
     landed_count_offset: int = 0  # frames still landing, counted there (see landing)
 

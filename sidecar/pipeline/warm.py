@@ -10,7 +10,7 @@ the client's own time, not the frames); when requests are spaced out, once the r
 answered. A request that finds its encoder still opening waits for it rather than open
 its own. The pool keeps as many ready per setting as that setting has had requests in
 flight at once recently, so 8 concurrent clients find 8. (Encodes that go to encoder
-processes, see processes, skip this pool: each process keeps its own.)
+processes, see processes, skip this pool: each process keeps its own, see ready.)
 
 The thread count is not part of the key: a ready encoder is opened with a share of the
 cores for the concurrency its setting sees, and a request that takes it uses it as is.
@@ -83,7 +83,12 @@ def open_in_memory(
     threads: int,
     thread_type: str,
     converter: FrameConverter | None = None,
+    *,
+    prime: bool = False,
 ) -> WarmEncoder:
+    """An encoder writing into a new memfd. With `prime`, its colour converter is primed
+    with one blank frame, unless `converter` (one that served an earlier encoder of these
+    settings) is primed: what an encoder opened ahead of its request needs."""
     memfd = os.memfd_create("video-sidecar-out", os.MFD_CLOEXEC)
     try:
         encoder = VideoEncoder(
@@ -92,23 +97,11 @@ def open_in_memory(
     except BaseException:
         os.close(memfd)
         raise
+    if prime:
+        layout = geometry.layout
+        blank = np.zeros(layout.frame_shape(geometry.width, geometry.height), dtype=np.uint8)
+        encoder.prime(blank)
     return WarmEncoder(encoder, memfd, threads, time.monotonic())
-
-
-def warm_up(
-    geometry: Geometry,
-    codec: ResolvedCodec,
-    threads: int,
-    thread_type: str,
-    converter: FrameConverter | None = None,
-) -> WarmEncoder:
-    """Open an encoder and prime its colour converter with one blank frame, unless
-    `converter` (one that served an earlier encoder of these settings) is primed."""
-    warm = open_in_memory(geometry, codec, threads, thread_type, converter)
-    layout = geometry.layout
-    blank = np.zeros(layout.frame_shape(geometry.width, geometry.height), dtype=np.uint8)
-    warm.encoder.prime(blank)
-    return warm
 
 
 # Opens a ready encoder for a key, given how many requests for it run at once.
@@ -121,12 +114,12 @@ def opener_for(key: EncoderKey, codec: ResolvedCodec, frames: int) -> Opener:
 
     def open_one(concurrency: int) -> WarmEncoder:
         if key.threads:
-            return warm_up(key.geometry, codec, key.threads, key.thread_type)
+            return open_in_memory(key.geometry, codec, key.threads, key.thread_type, prime=True)
         share = max(1, cpu_count() // concurrency)
         threading = threading_for(
             frames, key.geometry.height, share, converts=converts(key.geometry)
         )
-        return warm_up(key.geometry, codec, *threading)
+        return open_in_memory(key.geometry, codec, *threading, prime=True)
 
     return open_one
 

@@ -1,0 +1,128 @@
+"""The way to encode in an encoder process (see processes): the job's frames stay in its
+leases, a process reads them there, and its answer comes back as bytes or a memfd."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+from ..codec.frames import PlacedRange
+from ..errors import EncodeFailed, InvalidRequest
+from ..events import ProgressReporter
+from .encoder_process import ProcessGone
+from .plans import EncodeOutcome
+from .process_main import Answer, Assignment
+from .processes import EncoderProcesses
+from .sinks import Made
+
+if TYPE_CHECKING:
+    from .jobs import EncodeJob
+
+
+class Fallback(Protocol):
+    def encode(self, job: EncodeJob, queue_s: float) -> EncodeOutcome: ...
+
+
+class InEncoderProcess:
+    """An encode in an encoder process; in the daemon (`here`) when none is free."""
+
+    def __init__(self, processes: EncoderProcesses, here: Fallback) -> None:
+        self._processes = processes
+        self._here = here
+
+    def encode(self, job: EncodeJob, queue_s: float) -> EncodeOutcome:
+        outcome = self._elsewhere(job, queue_s)
+        return outcome if outcome is not None else self._here.encode(job, queue_s)
+
+    def _elsewhere(self, job: EncodeJob, queue_s: float) -> EncodeOutcome | None:
+        """The outcome of an encode in an encoder process; None if none is free."""
+        pieces = job.feed.in_leases()
+        if not pieces:
+            return None
+        died = False
+        progress = ProgressReporter(job.emit, job.plan.frames_total)
+        try:
+            answer = self._ask(job, pieces, progress.reach)
+        except Exception as exc:  # e.g. two processes died on these frames: freed, not given back
+            answer, died = Answer(error="EncodeFailed", message=str(exc)), True
+        if answer is None:
+            return None  # the feed is untouched: encode here
+        t0 = time.perf_counter()
+        made = self._finish(job, answer, died)
+        progress.reach(answer.frames)
+        t = {f"{stage}_ms": seconds * 1e3 for stage, seconds in answer.timings_s.items()}
+        t["finalize_ms"] += (time.perf_counter() - t0) * 1e3
+        return EncodeOutcome(
+            frames=answer.frames,
+            duration_s=float(answer.frames / job.plan.geometry.fps),
+            size_bytes=made.size,
+            path=made.path,
+            memfd=made.memfd,  # a large output to send back, from the process's memfd
+            audio_samples=0,
+            timings_ms={"queue_ms": queue_s * 1e3, **t},
+            data=made.data,
+        )
+
+    @staticmethod
+    def _finish(job: EncodeJob, answer: Answer, died: bool) -> Made:
+        """The answer's output, in its sink; else the error its client is told, raised
+        bare. Every lease is let go."""
+        made: Made | None = None
+        error: BaseException | None = None
+        try:
+            job.check_stop()
+            if answer.error:
+                if not answer.frames and not died:  # refused before a frame: leases go back
+                    job.feed.give_back_all()
+                if answer.error == "InvalidRequest":
+                    raise InvalidRequest(answer.field, answer.message)
+                raise EncodeFailed(answer.message)
+            made = job.sink.finish(answer.memfd, answer.data)
+            return made
+        except BaseException as exc:
+            job.sink.discard()
+            error = job.failure(exc)
+        finally:
+            job.let_go()
+            if answer.memfd is not None and (made is None or made.memfd is None):
+                os.close(answer.memfd)  # written out, or not wanted: the bytes go
+                answer.memfd = None
+        raise error.with_traceback(None)
+
+    def _ask(
+        self, job: EncodeJob, pieces: list[PlacedRange], progress: Callable[[int], None]
+    ) -> Answer | None:
+        """An encoder process's answer; None if none is free (encode here). A process
+        that dies leaves the frames in the leases: a second one gets them, and if that
+        one dies too, the request fails rather than risk the daemon on them."""
+        plan, key = job.plan, job.key
+        assignment = Assignment.of(
+            key,
+            plan.geometry,
+            plan.codec,
+            job.threads,
+            job.thread_type,
+            pieces,
+            landed_at=plan.landed_at,
+        )
+        # The next request with these settings comes before the used process has opened
+        # its next encoder: a short clip's encode takes about as long as an open, and a
+        # long clip's next request follows its reply within a few milliseconds (it waited
+        # 0.2-2.8 ms at 1344x768x122). So another process opens one now, while this encodes.
+        prepare = assignment.preparation()
+        for attempt in range(2):
+            proc = self._processes.take(key, prepare)
+            if proc is None:
+                return None
+            answer = None
+            try:
+                answer = proc.encode(assignment, progress, lambda: job.stopped)
+                return answer
+            except ProcessGone:
+                if attempt or job.stopped:  # a cancelled request is not tried again
+                    raise
+            finally:
+                self._processes.give(proc, answer.warm if answer is not None else None)
+        return None

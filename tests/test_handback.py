@@ -1,0 +1,85 @@
+"""The ways a bytes output goes back, in the order they are tried (see handback)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
+from sidecar.pipeline.handback import (
+    CHUNK_SIZE,
+    InChunks,
+    InLease,
+    InResult,
+    OutputHandBack,
+    TooLarge,
+)
+from sidecar.pipeline.plans import EncodeOutcome
+from sidecar.pipeline.requests import EncodeSpec, OneReply, VideoRequest
+
+MIB = 1024 * 1024
+GRPC = OneReply(7 * MIB)
+FRAMED = OneReply(1023 * MIB, lease_past=MIB)
+
+
+def spec(**kwargs: Any) -> EncodeSpec:
+    return EncodeSpec("token", "r", VideoRequest(16, 16, "rgb24", (24, 1)), **kwargs)
+
+
+def outcome(size: int) -> EncodeOutcome:
+    return EncodeOutcome(4, 0.1, size, "", None, 0, {}, data=b"x" * size)
+
+
+def ways(request: EncodeSpec, size: int, *, whole: bool = True, waiting: int = 0) -> list[Any]:
+    handback = OutputHandBack(
+        cast(Any, None), cast(Any, None), cast(Any, SimpleNamespace(waiting=waiting))
+    )
+    found = handback.ways(request, outcome(size), whole)
+    return [(type(w), getattr(w, "next_lease", None)) for w in found]
+
+
+@pytest.mark.parametrize(
+    ("request_", "size", "expected"),
+    [
+        (spec(), 10, [InChunks]),
+        (spec(data_in_result=True), CHUNK_SIZE, [InResult]),
+        (spec(data_in_result=True), CHUNK_SIZE + 1, [InChunks]),
+        (spec(data_in_result=True, data_in_lease=True), 2 * MIB, [InLease, InChunks]),
+        (spec(one_reply=GRPC), 7 * MIB, [InResult]),
+        (spec(one_reply=GRPC), 7 * MIB + 1, [InLease, TooLarge]),
+        (spec(one_reply=FRAMED), MIB, [InResult]),
+        (spec(one_reply=FRAMED), 2 * MIB, [InLease, InResult]),
+        (spec(one_reply=FRAMED), 1023 * MIB + 1, [InLease, TooLarge]),
+    ],
+)
+def test_each_request_tries_its_ways_in_order(
+    request_: EncodeSpec, size: int, expected: list[type]
+) -> None:
+    assert [kind for kind, _ in ways(request_, size)] == expected
+
+
+def test_the_next_lease_comes_first_for_whole_videos_when_none_waits_for_room() -> None:
+    request = spec(data_in_next_lease=True, next_lease_bytes=4 * MIB, one_reply=GRPC)
+    assert ways(request, 2 * MIB) == [(InLease, True), (InResult, None)]
+    assert ways(request, 2 * MIB, whole=False) == [(InResult, None)]
+    assert ways(request, 2 * MIB, waiting=1) == [(InResult, None)]
+    assert ways(request, 32 * 1024) == [(InResult, None)]  # small: quicker inside the result
+
+
+def test_an_output_already_sent_has_nothing_left_to_send() -> None:
+    sent = EncodeOutcome(4, 0.1, 5 * MIB, "", None, 0, {})
+    handback = OutputHandBack(
+        cast(Any, None), cast(Any, None), cast(Any, SimpleNamespace(waiting=0))
+    )
+    assert [type(w) for w in handback.ways(spec(one_reply=GRPC), sent, True)] == [InChunks]
+
+
+def test_the_request_layer_imports_no_av() -> None:
+    """What an encode is asked, its reply limits included, is plain data: no PyAV."""
+    import subprocess
+    import sys
+
+    code = "import sys, sidecar.pipeline.requests; print('av' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
