@@ -15,6 +15,7 @@ import argparse
 import datetime
 import shlex
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 from . import node, suites, traffic
@@ -34,6 +35,15 @@ from .report import markdown, plot
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    _what_flags(p)
+    _load_flags(p)
+    _traffic_flags(p)
+    _shape_and_output_flags(p)
+    return p
+
+
+def _what_flags(p: argparse.ArgumentParser) -> None:
+    """What runs, where the frames start, and how the e2e requests are sent."""
     p.add_argument(
         "--device",
         choices=["cpu", "cuda"],
@@ -66,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="e2e: threads running each variant at once, each request back to back "
         "(each its own client for the sidecar)",
     )
+
+
+def _load_flags(p: argparse.ArgumentParser) -> None:
+    """How much each suite sends, and with how many workers and clients."""
     p.add_argument(
         "--workers",
         type=int,
@@ -115,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
         "the daemon and its encoder processes, sampled every 5 s); traffic: how long the "
         "clients and daemon idle before the bursts (default 60)",
     )
+
+
+def _traffic_flags(p: argparse.ArgumentParser) -> None:
+    """The traffic suite's own."""
     p.add_argument(
         "--waves", type=int, default=traffic.WAVES, help="traffic: waves of requests after the idle"
     )
@@ -139,6 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
         + ", ".join(traffic.PATTERNS)
         + ")",
     )
+
+
+def _shape_and_output_flags(p: argparse.ArgumentParser) -> None:
+    """The throughput, node and stream shapes; what is read and written."""
     p.add_argument("--throughput-shape", default="1344x768x122", help="throughput, node: WxHxT")
     p.add_argument("--stream-shape", default="1344x768x362")
     p.add_argument("--chunk", type=int, default=24, help="stream: frames per chunk")
@@ -151,7 +173,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="write rows and metadata as JSON")
     p.add_argument("--markdown", metavar="FILE", help="write the tables as Markdown")
     p.add_argument("--plot", metavar="FILE.png", help="draw the e2e table (needs matplotlib)")
-    return p  # fmt: skip
+
+
+SUITES = {"e2e", "transfer", "throughput", "stream", "memory", "node", "traffic"}
+
+
+@dataclass(frozen=True)
+class TrafficLoad:
+    """The traffic suite's clients, requests and idle: its own defaults where a flag was
+    left out (the other suites' differ)."""
+
+    clients: int
+    requests: int
+    idle_s: float
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What the flags come to: the suites and contents asked for, the traffic suite's
+    load, and the daemon's options."""
+
+    suites: set[str]
+    contents: list[str]
+    load: TrafficLoad
+    daemon_options: dict[str, Any]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,11 +208,39 @@ def main(argv: list[str] | None = None) -> int:
             plot(recorded, args.plot, meta)
         return 0
     device = Device(args.device)
-    known = {"e2e", "transfer", "throughput", "stream", "memory", "node", "traffic"}
-    wanted = known if args.suite == "all" else set(args.suite.split(","))
+    wanted, contents = _check(args)
+    # What a flag left out means depends on the suite.
+    load = TrafficLoad(
+        clients=args.clients or traffic.default_clients(args.device),
+        requests=args.requests or len(traffic.kinds_for(args.device)),
+        idle_s=60.0 if args.idle is None else args.idle,
+    )
+    args.clients, args.requests, args.idle = args.clients or 8, args.requests or 3, args.idle or 0.0
+    daemon_options: dict[str, Any] = {}
+    if args.max_concurrent_encodes:
+        daemon_options["max_concurrent_encodes"] = args.max_concurrent_encodes
+    asked = Asked(wanted, contents, load, daemon_options)
+    started = datetime.datetime.now(datetime.timezone.utc)
+    rows = _run(args, device, asked)
+    meta = _meta(args, argv, started, asked)
+    text = _tables(meta, rows)
+    print("\n" + text)
+    if args.json:
+        write_json(args.json, meta, rows)
+    if args.markdown:
+        with open(args.markdown, "w") as fh:
+            fh.write(text)
+    if args.plot:
+        plot(rows, args.plot, meta)
+    return 0
+
+
+def _check(args: argparse.Namespace) -> tuple[set[str], list[str]]:
+    """The suites and contents asked for; exits with a message on a flag out of range."""
+    wanted = SUITES if args.suite == "all" else set(args.suite.split(","))
     contents = [c for c in args.content.split(",") if c]
-    if wanted - known:
-        raise SystemExit(f"--suite: unknown {', '.join(sorted(wanted - known))}")
+    if wanted - SUITES:
+        raise SystemExit(f"--suite: unknown {', '.join(sorted(wanted - SUITES))}")
     if not contents or set(contents) - set(CONTENTS):
         raise SystemExit(f"--content: a comma list of {', '.join(CONTENTS)}")
     given = [v for v in (args.clients, args.requests) if v is not None]
@@ -184,20 +257,18 @@ def main(argv: list[str] | None = None) -> int:
         )
     if (args.idle or 0) < 0 or (args.idle and not wanted & {"node", "traffic"}):
         raise SystemExit("--idle: seconds, 0 or more, with --suite node or traffic")
-    # What a flag left out means depends on the suite.
     unknown = set(filter(None, args.patterns.split(","))) - set(traffic.PATTERNS)
     if unknown:
         raise SystemExit(f"--patterns: unknown {', '.join(sorted(unknown))}")
-    traffic_clients = args.clients or traffic.default_clients(args.device)
-    traffic_requests = args.requests or len(traffic.kinds_for(args.device))
-    traffic_idle = 60.0 if args.idle is None else args.idle
-    args.clients, args.requests, args.idle = args.clients or 8, args.requests or 3, args.idle or 0.0
+    return wanted, contents
+
+
+def _run(args: argparse.Namespace, device: Device, asked: Asked) -> list[Row]:
+    """Each suite asked for, in a fixed order; their rows, each with its suite and content."""
+    wanted, contents, load = asked.suites, asked.contents, asked.load
+    daemon_options = asked.daemon_options
     sidecar_options: dict[str, Any] = {}
-    daemon_options: dict[str, Any] = {}
-    if args.max_concurrent_encodes:
-        daemon_options["max_concurrent_encodes"] = args.max_concurrent_encodes
     rows: list[Row] = []
-    started = datetime.datetime.now(datetime.timezone.utc)
 
     def add(suite: str, new: list[Row], content: str = "") -> None:
         for r in new:
@@ -233,17 +304,25 @@ def main(argv: list[str] | None = None) -> int:
     if "memory" in wanted:
         add("memory", suites.memory())
     if "traffic" in wanted:
-        add("traffic", traffic.traffic(args.device, traffic_clients, args.workers or 2,
-            traffic_requests, contents, traffic_idle, args.waves, args.small_pool,
+        add("traffic", traffic.traffic(args.device, load.clients, args.workers or 2,
+            load.requests, contents, load.idle_s, args.waves, args.small_pool,
             args.request_timeout, daemon_options,
             only=tuple(filter(None, args.patterns.split(",")))))  # fmt: skip
+    return rows
+
+
+def _meta(
+    args: argparse.Namespace, argv: list[str] | None, started: datetime.datetime, asked: Asked
+) -> dict[str, Any]:
+    """What the run was: date, command, machine, commit, and each suite's settings."""
+    wanted, load = asked.suites, asked.load
     meta = {
         "date": started.isoformat(timespec="seconds"),
         "command": "python -m bench " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
         "device": args.device,
         "machine": machine(),
         "commit": git_commit(),
-        "content": contents,
+        "content": asked.contents,
     }
     if "e2e" in wanted:
         meta["pattern"] = args.pattern
@@ -253,25 +332,16 @@ def main(argv: list[str] | None = None) -> int:
         meta["node"] = {"workers": workers, "clients": args.clients, "requests": args.requests,
                         "shape": args.throughput_shape}  # fmt: skip
     if "traffic" in wanted:
-        meta["traffic"] = {"clients": traffic_clients, "workers": min(args.workers or 2,
-                           traffic_clients), "requests": traffic_requests,
+        meta["traffic"] = {"clients": load.clients, "workers": min(args.workers or 2,
+                           load.clients), "requests": load.requests,
                            "kinds": [f"{s} {m}" for s, m in traffic.kinds_for(args.device)],
                            "chunk_frames": traffic.CHUNK, "burst_clients": traffic.BURST_CLIENTS,
-                           "steady_requests": traffic.STEADY_REQUESTS, "idle_s": traffic_idle,
+                           "steady_requests": traffic.STEADY_REQUESTS, "idle_s": load.idle_s,
                            "waves": args.waves, "request_timeout_s": args.request_timeout,
                            "log_fields": traffic.LOG_FIELDS}  # fmt: skip
-    if daemon_options:
-        meta["daemon_options"] = daemon_options
-    text = _tables(meta, rows)
-    print("\n" + text)
-    if args.json:
-        write_json(args.json, meta, rows)
-    if args.markdown:
-        with open(args.markdown, "w") as fh:
-            fh.write(text)
-    if args.plot:
-        plot(rows, args.plot, meta)
-    return 0
+    if asked.daemon_options:
+        meta["daemon_options"] = asked.daemon_options
+    return meta
 
 
 def _tables(meta: dict[str, Any], rows: list[Row]) -> str:

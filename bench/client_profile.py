@@ -21,7 +21,7 @@ from client import SidecarClient
 from client.patterns import moving_pattern
 
 from .common import parse_shape
-from .suites import daemon
+from .daemons import daemon
 
 
 def profile(client: SidecarClient, video: Any, fmt: str | None, calls: int, sync: Any) -> None:

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -245,3 +246,16 @@ def run_together(work: Sequence[Callable[[], None]], go: threading.Barrier) -> N
         th.join()
     if errors:
         raise errors[0]
+
+
+def stop_processes(procs: Sequence[BaseProcess], grace_s: float, term_s: float | None) -> None:
+    """Wait `grace_s` for each process to end; terminate one still running and wait
+    `term_s` more (None: as long as it takes), then kill it if it still runs."""
+    for p in procs:
+        p.join(timeout=grace_s)
+        if p.exitcode is None:
+            p.terminate()
+            p.join(timeout=term_s)
+        if p.exitcode is None:
+            p.kill()
+            p.join()

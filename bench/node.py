@@ -41,6 +41,7 @@ from .common import (
     encode_settings,
     parse_shape,
     run_together,
+    stop_processes,
     summarise,
 )
 
@@ -137,7 +138,8 @@ def node(
 ) -> list[Row]:
     """Aggregate frames/s of the node, with one worker and with all of them; with
     `idle_s`, then the daemon's memory after that long idle (`suites.TreeMemory`)."""
-    from .suites import TreeMemory, daemon, pool_for
+    from .daemons import daemon, pool_for
+    from .memory import TreeMemory
 
     workers, gpus = worker_count(device_kind, workers)
     w, h, t = parse_shape(shape)
@@ -217,11 +219,7 @@ def _launch(ctx: SpawnContext, jobs: list[Job]) -> list[Timings]:
         if failures:
             raise RuntimeError("; ".join(failures))
     finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.exitcode is None:
-                p.terminate()
-                p.join()
+        stop_processes(procs, 30, None)
         results.close()
     return [cast(Timings, got[j.index]) for j in jobs]
 

@@ -77,19 +77,21 @@ def test_the_traffic_suite_counts_failed_requests_and_keeps_going(
     """Each pattern against the sidecar and upstream_a, with counts; a request that fails
     is counted, with its error, and the run goes on. Here the default pool's daemon refuses
     frames wider than 600 pixels, so its 672x384 requests fail and the others succeed."""
-    from bench import suites, traffic
+    from bench import daemons, traffic
     from bench.__main__ import main
+    from bench.traffic import suite
 
-    started = suites.daemon
+    started = daemons.daemon
 
     def daemon(**options: Any) -> Any:
         if "slabs" not in options:  # the default pool's daemons (the bursts send 448x256)
             options["max_width"] = 600
         return started(**options)
 
-    monkeypatch.setattr(suites, "daemon", daemon)
-    monkeypatch.setattr(traffic, "BURST_CLIENTS", 2)  # plans are made in this process
-    monkeypatch.setattr(traffic, "STEADY_REQUESTS", 1)
+    monkeypatch.setattr(daemons, "daemon", daemon)
+    for module in (traffic, suite):  # plans are made in this process, as the record says
+        monkeypatch.setattr(module, "BURST_CLIENTS", 2)
+        monkeypatch.setattr(module, "STEADY_REQUESTS", 1)
     out = tmp_path / "traffic.json"
     patterns = ("mixed_default_pool", "mixed_small_pool", "bursts_after_idle", "first_after_start")
     argv = ["--suite", "traffic", "--clients", "2", "--workers", "2", "--requests", "4",
