@@ -187,8 +187,9 @@ class EncoderProcesses:
                 self._procs.remove(proc)
             else:
                 return
-        proc.stop()  # reaped: its exit code is known
-        log_stopped(proc.popen)
+        # Reaped on a thread of its own: a killed process takes a while to go on a busy
+        # host, and the request it served (cancelled, or failed) ends now, not then.
+        threading.Thread(target=_reap, args=(proc,), name="encoder-reaper", daemon=True).start()
 
     def _maintain(self) -> None:
         while not self._closed:
@@ -281,3 +282,8 @@ class EncoderProcesses:
             self._procs.clear()
         for proc in idle:
             proc.stop()
+
+
+def _reap(proc: EncoderProcess) -> None:
+    proc.stop()  # reaped: its exit code is known
+    log_stopped(proc.popen)
