@@ -32,6 +32,7 @@ import grpc
 from ._api_docs import ENCODE_DOC, ENCODE_LEASED_DOC, STREAM_DOC, documented
 from ._audio import prepare_audio
 from ._core import ClientCore
+from ._errors import SidecarClosed
 from ._options import (
     EncodeOptions,
     Fps,
@@ -86,6 +87,7 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
             sessions=self._KEEPS_SESSIONS,
         )
         self.credentials = credentials
+        self._closed = False  # set by close(): every later call raises SidecarClosed
         self._connect()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -103,6 +105,12 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
             setattr(cls, name, own)
 
     # -- what a twin provides -------------------------------------------------------------
+
+    def _check_open(self, steps: Steps[Any]) -> None:
+        """SidecarClosed, before anything is sent, once the client is closed."""
+        if self._closed:
+            steps.close()
+            raise SidecarClosed(f"this {type(self).__name__} is closed; make a new one")
 
     @abc.abstractmethod
     def _connect(self) -> None:

@@ -13,8 +13,8 @@ from sidecar.api.v1 import sidecar_pb2 as pb
 
 from . import _steps as ops
 from ._api import ClientApi
-from ._channel import fork_generation, keep_after_fork, open_channel
-from ._errors import DeadlineExceeded, SidecarUnavailable
+from ._channel import explained, fork_generation, keep_after_fork, open_channel
+from ._errors import DeadlineExceeded, SidecarUnavailable, error_from_rpc
 from ._framed import AsyncFramedConnection, to_the_end
 from ._steps import Op, Steps, run_awaiting
 from ._stream import StreamCore, StreamFace
@@ -56,6 +56,7 @@ class AsyncSidecarClient(ClientApi[Coroutine[Any, Any, EncodeResult], "AsyncVide
         return (self._channel,)
 
     async def _run(self, steps: Steps[T]) -> T:
+        self._check_open(steps)
         return await run_awaiting(steps, self._perform)
 
     async def _perform(self, op: Op) -> Any:
@@ -69,8 +70,12 @@ class AsyncSidecarClient(ClientApi[Coroutine[Any, Any, EncodeResult], "AsyncVide
         # end even if cancelled again meanwhile, as anyio cancels at every await, or a
         # lease would stay held while this client's other calls renew it.
         if isinstance(op, ops.Call):
-            call = getattr(self._stubs[op.service], op.method)(op.request, timeout=op.timeout)
-            return await (to_the_end(call) if op.method == "Release" else call)
+            stub = getattr(self._stubs[op.service], op.method)
+            call = stub(op.request, timeout=op.timeout, wait_for_ready=op.wait_for_ready)
+            try:
+                return await (to_the_end(call) if op.method == "Release" else call)
+            except grpc.RpcError as err:
+                raise explained(self._core.target, error_from_rpc(err)) from None
         if isinstance(op, ops.Exchange):
             exchange = self._exchange(op)
             releases = isinstance(op.request, pb.ReleaseRequest)
@@ -116,8 +121,14 @@ class AsyncSidecarClient(ClientApi[Coroutine[Any, Any, EncodeResult], "AsyncVide
 
     async def close(self) -> None:
         """Give back the spare lease, unmap the slabs, close the framed connections and
-        the channel."""
-        await self._run(self._core.close())
+        the channel. Closing a closed client does nothing; any other call raises
+        `SidecarClosed`."""
+        if self._closed:
+            return
+        try:
+            await self._run(self._core.close())
+        finally:
+            self._closed = True
         if self._generation == fork_generation():  # a parent's channel is left alone
             for idle in self._framed.values():
                 for connection in idle:

@@ -16,10 +16,10 @@ from typing import TypeVar
 from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.vocabulary import Reason
 
-from ._channel import fork_generation, resolve_target
+from ._channel import fork_generation, no_daemon, resolve_target
 from ._choice import WayName
 from ._cuda import CudaHost
-from ._errors import SidecarError, SidecarUnavailable
+from ._errors import DeadlineExceeded, SidecarError, SidecarUnavailable
 from ._framed import framed_path
 from ._results import attachment_from_proto
 from ._slabs import SlabMap
@@ -131,12 +131,21 @@ class AttachedCore:
         attachment: Attachment = yield Exclusive(self._attach(stale))
         return attachment
 
-    def _attach(self, stale: Attachment | None) -> Steps[Attachment]:
-        # Under the lock. One that another call made meanwhile will do, unless stale.
+    def _attach(self, stale: Attachment | None, wait: float | None = None) -> Steps[Attachment]:
+        """Attach, under the lock; `wait`: seconds to wait for a daemon that restarts."""
+        # One that another call made meanwhile will do, unless stale.
         if self.attachment is not None and self.attachment is not stale:
             return self.attachment
         request = pb.AttachRequest(client_name=self.client_name, pid=os.getpid())
-        resp = yield Call("Attach", request, self.unary_timeout)
+        try:
+            timeout = wait or self.unary_timeout
+            resp = yield Call("Attach", request, timeout, wait_for_ready=bool(wait))
+        except DeadlineExceeded:
+            if not wait:
+                raise
+            unavailable = SidecarUnavailable(f"{no_daemon(self.target)} (waited {wait:g}s)")
+            unavailable.unsent = True
+            raise unavailable from None
         attachment = attachment_from_proto(resp)
         if self.transport != "inline":
             self._map_slabs(attachment)
@@ -157,17 +166,21 @@ class AttachedCore:
             log.info("shared memory out of reach, sending frames inline: %s", self.target)
             self.inline = True
 
-    def reattached(self, steps: Callable[[], Steps[T]]) -> Steps[T]:
+    def reattached(self, steps: Callable[[], Steps[T]], within: float | None = None) -> Steps[T]:
         """Run `steps`, once more after attaching again if the daemon no longer knows our
-        token (it restarted). Calls that fail together attach anew once."""
+        token (it restarted), or could not be reached at all while this client had
+        attached before (it is restarting; nothing was sent): then the attach waits up to
+        `within` (else the unary timeout) for it to answer. Calls that fail together
+        attach anew once."""
         used = self.attachment
         try:
             return (yield from steps())
         except SidecarError as err:
-            if err.reason is not Reason.NOT_ATTACHED:
+            restarting = err.unsent and used is not None
+            if err.reason is not Reason.NOT_ATTACHED and not restarting:
                 raise
         stale = used if used is not None else self.attachment
-        yield Exclusive(self._attach(stale))
+        yield Exclusive(self._attach(stale, wait=within or self.unary_timeout))
         return (yield from steps())
 
     def cuda_host(self) -> CudaHost:

@@ -16,6 +16,8 @@ from grpc_health.v1.health_pb2_grpc import HealthStub
 from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.vocabulary import MAX_MESSAGE_BYTES, default_socket
 
+from ._errors import SidecarError, SidecarUnavailable
+
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -70,6 +72,28 @@ def resolve_target(target: str | None) -> str:
     if "/" in target or target.endswith(".sock"):
         return f"unix:{os.path.abspath(target)}"
     return target
+
+
+def no_daemon(target: str) -> str:
+    """What to say when no daemon answers at `target`, naming the fix."""
+    path = target.removeprefix("unix:")
+    if path == target:  # a network target
+        return f"no daemon answers at {target}: start one with video-sidecar serve --tcp {target}"
+    return f"no daemon answers at {path}: start one with video-sidecar serve --socket {path}"
+
+
+def explained(target: str, err: SidecarError) -> SidecarError:
+    """`err` reworded when no daemon could be reached at `target`: the fix, not gRPC's."""
+    if not isinstance(err, SidecarUnavailable) or not err.unsent:
+        return err
+    path = target.removeprefix("unix:")
+    if "Permission denied" in err.message and path != target:
+        err.reword(
+            f"permission denied on {path}: the daemon's user or its --shm-group must include you"
+        )
+    else:
+        err.reword(no_daemon(target))
+    return err
 
 
 def open_channel(api: Any, target: str, credentials: Any) -> tuple[Any, dict[str, Any]]:

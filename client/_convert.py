@@ -65,7 +65,10 @@ def frames_view(array: Any, layout: str | None) -> Any:
 def check_value_range(value_range: tuple[float, float]) -> tuple[float, float]:
     key = (int(value_range[0]), int(value_range[1]))
     if key not in VALUE_RANGES or tuple(value_range) != key:
-        raise InvalidVideo(f"value_range {value_range!r}: use (0, 1) or (-1, 1)")
+        hint = ""
+        if key[1] == 255:
+            hint = "; values in 0..255 go as uint8 (video.astype(np.uint8)), no value_range"
+        raise InvalidVideo(f"value_range {value_range!r}: use (0, 1) or (-1, 1){hint}")
     return VALUE_RANGES[key]
 
 

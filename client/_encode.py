@@ -89,7 +89,8 @@ class RequestWay(SendWay):
         ways: list[RequestWay] = [self]
         return (
             yield from core.reattached(
-                lambda: send_source(core, job, ways.pop() if ways else job.rechoose())
+                lambda: send_source(core, job, ways.pop() if ways else job.rechoose()),
+                within=job.timeout or core.timeout,
             )
         )
 

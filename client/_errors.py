@@ -13,6 +13,7 @@
     │   ├── FailedPrecondition      FAILED_PRECONDITION: lease busy, output dir unusable
     │   └── ResourceExhausted       RESOURCE_EXHAUSTED: pool full after the wait, disk full
     ├── Cancelled                   CANCELLED
+    ├── SidecarClosed               the client was closed: make a new one
     └── ServerError                 INTERNAL, UNKNOWN, ...: a daemon-side failure
 
 Every error carries `code`, a `grpc.StatusCode` (the kind of failure), and `reason`, a
@@ -37,11 +38,19 @@ class SidecarError(Exception):
     """Base class of everything the client raises on purpose."""
 
     code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+    # True when the call never reached a daemon (none could be connected to): safe to
+    # send again once one answers.
+    unsent: bool = False
 
     def __init__(self, message: str, *, reason: Reason | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.reason = reason
+
+    def reword(self, message: str) -> None:
+        """Say the error in other words (the client's, naming the fix)."""
+        self.message = message
+        self.args = (message,)
 
 
 class TransportError(SidecarError):
@@ -90,6 +99,12 @@ class ResourceExhausted(RequestError):
 
 class Cancelled(SidecarError):
     code = grpc.StatusCode.CANCELLED
+
+
+class SidecarClosed(SidecarError):
+    """A call on a client (or its stream) after `close()`; raised before anything is sent."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
 
 
 class ServerError(SidecarError):
@@ -157,4 +172,16 @@ def error_from_rpc(err: grpc.RpcError) -> SidecarError:
         code = grpc.StatusCode.UNKNOWN
     details = (err.details() if hasattr(err, "details") else None) or str(err)
     trailing = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
-    return error_for(code, details, reason_in(trailing))
+    error = error_for(code, details, reason_in(trailing))
+    error.unsent = code == grpc.StatusCode.UNAVAILABLE and any(m in details for m in NOT_CONNECTED)
+    return error
+
+
+# What gRPC says of a call it failed because no connection could be made: never sent.
+NOT_CONNECTED = (
+    "failed to connect to all addresses",
+    "connect failed",
+    "No such file or directory",
+    "Connection refused",
+    "Permission denied",
+)

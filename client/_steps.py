@@ -36,6 +36,9 @@ class Call:
     request: Message
     timeout: float | None  # None: no deadline (an encode)
     service: Literal["sidecar", "health"] = "sidecar"
+    # Wait, within `timeout`, for a daemon that is not reachable yet (one restarting)
+    # rather than fail at once.
+    wait_for_ready: bool = False
 
 
 @dataclass(frozen=True)

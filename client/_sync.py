@@ -14,8 +14,8 @@ from sidecar.api.v1 import sidecar_pb2 as pb
 
 from . import _steps as ops
 from ._api import ClientApi
-from ._channel import fork_generation, keep_after_fork, open_channel
-from ._errors import SidecarUnavailable
+from ._channel import explained, fork_generation, keep_after_fork, open_channel
+from ._errors import SidecarUnavailable, error_from_rpc
 from ._framed import FramedConnection
 from ._steps import Op, Steps, run_blocking
 from ._stream import StreamCore, StreamFace
@@ -50,6 +50,7 @@ class SidecarClient(ClientApi[EncodeResult, "VideoStream"]):
         return self._channel, self._sessions
 
     def _run(self, steps: Steps[T]) -> T:
+        self._check_open(steps)
         return run_blocking(steps, self._perform)
 
     def _perform(self, op: Op) -> Any:
@@ -58,7 +59,11 @@ class SidecarClient(ClientApi[EncodeResult, "VideoStream"]):
         if isinstance(op, ops.Work):
             return op.run()
         if isinstance(op, ops.Call):
-            return getattr(self._stubs[op.service], op.method)(op.request, timeout=op.timeout)
+            call = getattr(self._stubs[op.service], op.method)
+            try:
+                return call(op.request, timeout=op.timeout, wait_for_ready=op.wait_for_ready)
+            except grpc.RpcError as err:
+                raise explained(self._core.target, error_from_rpc(err)) from None
         if isinstance(op, ops.Exchange | ops.SessionAsk):
             return self._sessions.exchange(op)
         if isinstance(op, ops.Replies):
@@ -86,8 +91,14 @@ class SidecarClient(ClientApi[EncodeResult, "VideoStream"]):
 
     def close(self) -> None:
         """Give back the spare lease, unmap the slabs, end the kept sessions, close the
-        channel."""
-        self._run(self._core.close())
+        channel. Closing a closed client does nothing; any other call raises
+        `SidecarClosed`."""
+        if self._closed:
+            return
+        try:
+            self._run(self._core.close())
+        finally:
+            self._closed = True
         if self._generation == fork_generation():  # a parent's channel is left alone
             self._sessions.close()
             self._channel.close()

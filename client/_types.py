@@ -101,6 +101,18 @@ class EncodeResult:
     timings: Timings
     audio_samples: int = 0  # audio samples muxed, after trimming or padding to the video
 
+    def __repr__(self) -> str:
+        """Sizes, place and timings; never the bytes (an MP4 is megabytes of them)."""
+        data = "None" if self.data is None else f"<{len(self.data)} bytes>"
+        audio = f", audio_samples={self.audio_samples}" if self.audio_samples else ""
+        return (
+            f"EncodeResult(path={self.path!r}, data={data}, size={self.size_bytes} bytes, "
+            f"container={self.container!r}, codec={self.codec!r}, frames={self.frames}, "
+            f"{self.width}x{self.height}, duration={self.duration:g}s{audio}, "
+            f"request_id={self.request_id!r}, total_ms={self.timings.total_ms:.1f}, "
+            f"daemon_ms={self.timings.daemon_ms:.1f})"
+        )
+
 
 @dataclass(frozen=True)
 class Status:

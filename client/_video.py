@@ -246,8 +246,22 @@ def _checked_array(video: Any) -> tuple[Any, Any, str]:
         raise InvalidVideo(f"expected a numpy array or torch tensor, got {type(video).__name__}")
     dtype = dtype_name(video)
     if dtype != "uint8" and dtype not in FLOAT_DTYPES:
-        raise InvalidVideo(f"dtype {dtype}: expected uint8, float16, bfloat16, float32 or float64")
+        raise InvalidVideo(f"dtype {dtype}: {_dtype_fix(dtype)}")
     return video, torch, dtype
+
+
+def _dtype_fix(dtype: str) -> str:
+    """How to make frames of `dtype` into ones the client takes."""
+    taken = "send uint8, or floats in [0, 1]"
+    if dtype == "uint16":
+        return f"{taken}: e.g. (video >> 8).astype(np.uint8)"
+    if dtype == "int16":  # 0..32767 taken as the range
+        return f"{taken}: e.g. (video.clip(0) >> 7).astype(np.uint8)"
+    if dtype.startswith(("int", "uint")):
+        return f"{taken}: scale to 0..255 and .astype(np.uint8), e.g. video * 255 // video.max()"
+    if dtype == "bool":
+        return f"{taken}: e.g. video.astype(np.uint8) * 255"
+    return f"{taken}; float16, bfloat16, float32 and float64 are taken too"
 
 
 def _conversion(
@@ -255,9 +269,14 @@ def _conversion(
 ) -> Conversion:
     """How the (T, H, W, C) `view` becomes what travels."""
     wire = wire_format(view.shape[3], pixel_format)
-    if is_planar420(wire) and (view.shape[1] % 2 or view.shape[2] % 2):
+    height, width = int(view.shape[1]), int(view.shape[2])
+    if height % 2 or width % 2:  # the daemon's encoders take 4:2:0, whatever travels
+        even = f"{width - width % 2}x{height - height % 2}"
         raise InvalidVideo(
-            f"{view.shape[2]}x{view.shape[1]}: {wire} needs an even width and height"
+            f"{width}x{height}: video is encoded as 4:2:0, which needs an even width and "
+            f"height, whatever pixel_format; crop to {even} (as THWC: "
+            f"video[:, :{height - height % 2}, :{width - width % 2}]) or pad to "
+            f"{width + width % 2}x{height + height % 2}"
         )
     scale, offset = check_value_range(value_range)
     return Conversion(wire, scale, offset, integer=integer)

@@ -25,8 +25,8 @@ def test_public_api_is_pinned() -> None:
         "AlreadyExists", "AsyncSidecarClient", "Attachment", "Cancelled", "DeadlineExceeded",
         "EncodeResult", "FailedPrecondition", "FrameRange", "InvalidArgument", "InvalidVideo",
         "Lease", "NotFound", "OutOfRange", "Reason", "RequestError", "ResourceExhausted",
-        "ServerError", "SidecarClient", "SidecarError", "SidecarUnavailable", "Status",
-        "Timings", "TransportError",
+        "ServerError", "SidecarClient", "SidecarClosed", "SidecarError", "SidecarUnavailable",
+        "Status", "Timings", "TransportError",
     ]  # fmt: skip
     for name in client.__all__:
         # Reason is the wire vocabulary's, shared with the daemon.
@@ -127,6 +127,14 @@ def test_exception_tree_matches_its_documentation() -> None:
             assert name in doc
     assert issubclass(client.InvalidVideo, client.InvalidArgument)
     assert issubclass(client.SidecarUnavailable, client.TransportError)
+    assert issubclass(client.SidecarClosed, client.SidecarError)
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "client.md").read_text()
+    start = guide.index("SidecarError\n├")
+    tree = guide[start : guide.index("```", start)]  # the tree the guide draws
+    for name in client.__all__:
+        obj = getattr(client, name)
+        if isinstance(obj, type) and issubclass(obj, client.SidecarError):
+            assert name in tree, name
 
 
 def _modules_after(code: str) -> set[str]:

@@ -46,7 +46,10 @@ LAYOUT_TABLE: list[tuple[tuple[int, ...], str | tuple[str, ...]]] = [
     ((3, 3, 3, 3), ("THWC", "TCHW", "CTHW")),
     ((10, 4, 4, 3), ("THWC", "TCHW")),
     ((10, 8, 8, 3), "THWC"),  # 8x8 frames are real: TCHW would be 8 channels anyway
-    ((1, 1, 1, 1), "THWC"),  # one gray pixel, whichever way
+    # tiny frames in the one reading left: refused, saying what they would be
+    ((1, 1, 1, 1), ("1 frame of 1x1 gray", "layout='THWC'")),
+    ((4, H, W, 2), (f"{H} frames of 2x{W} RGBA", "layout='CTHW' if that is meant")),
+    ((5, 2, 2, 3), ("5 frames of 2x2 RGB", "layout='THWC' if that is meant")),
     # no channel axis at all
     ((2, 2, H, W), ()),
     ((10, H, W, 5), ()),
@@ -66,8 +69,10 @@ LAYOUT_TABLE: list[tuple[tuple[int, ...], str | tuple[str, ...]]] = [
     ((1, 16, 17, H, W), ()),  # 16 channels
     ((2, 3, 16, H, W), ("batch",)),
     ((3, 3, 3, H, W), ("batch",)),
-    # 3-D
-    ((3, H, W), ("layout=",)),
+    # 3-D: one image wants a time axis, gray frames a channel axis
+    ((3, H, W), ("video[None]", "layout='TCHW'")),
+    ((H, W, 3), ("add a time axis, video[None]",)),
+    ((10, H, W), ("add a channel axis, video[..., None]",)),
 ]
 
 

@@ -1,0 +1,207 @@
+"""What a first user of the client meets: shapes read as they are meant, refusals that
+name the fix, a client that outlives a daemon restart, and one that says how to start a
+daemon when none answers."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+
+from client import (
+    InvalidVideo,
+    SidecarClient,
+    SidecarClosed,
+    SidecarError,
+    SidecarUnavailable,
+)
+from client._channel import explained
+from client._errors import error_for
+from client.patterns import moving_pattern
+
+from .helpers import Daemon
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+# -- shapes and refusals -------------------------------------------------------------------
+
+
+def test_two_channels_are_not_read_as_frames_two_pixels_wide(client: Any) -> None:
+    with pytest.raises(InvalidVideo) as info:
+        client.encode(np.zeros((4, 256, 448, 2), np.uint8))
+    message = str(info.value)
+    assert "1, 3 or 4 channels" in message
+    assert "read as CTHW it would be 256 frames of 2x448 RGBA" in message
+    assert "pass layout='CTHW' if that is meant" in message
+
+
+def test_tiny_frames_only_with_layout(client: Any) -> None:
+    five = np.zeros((5, 2, 2, 3), np.uint8)  # 2x2 RGB frames: THWC, the only reading
+    with pytest.raises(InvalidVideo, match=r"5 frames of 2x2 RGB; pass layout='THWC'"):
+        client.encode(five)
+    # 4:2:0 takes even sides of any size: said explicitly, it is encoded.
+    assert client.encode(np.zeros((2, 4, 4, 3), np.uint8), layout="THWC").frames == 2
+
+
+@pytest.mark.parametrize(
+    ("video", "options", "fix", "not_said"),
+    [
+        (np.zeros((256, 448, 3), np.uint8), {}, r"add a time axis, video\[None\]", "layout="),
+        (np.zeros((10, 256, 448, 2), np.uint8), {}, r"1 channel\), RGB \(3\) or RGBA", "layout="),
+        (np.zeros((4, 255, 447, 3), np.uint8), {}, r"even width.*crop to 446x254.*pad", None),
+        (
+            np.zeros((4, 255, 447, 3), np.uint8),
+            {"pixel_format": "rgb24"},
+            r"whatever pixel_format; crop",
+            None,
+        ),
+        (
+            np.zeros((4, 64, 64, 3), np.float32),
+            {"value_range": (0, 255)},
+            r"as uint8 \(video.astype\(np.uint8\)\)",
+            None,
+        ),
+        (np.zeros((4, 64, 64, 3), np.uint16), {}, r"\(video >> 8\).astype\(np.uint8\)", None),
+        (np.zeros((4, 64, 64, 3), np.int16), {}, r"astype\(np.uint8\)", None),
+    ],
+    ids=["image", "2-channels", "odd", "odd-rgb24", "float-255", "uint16", "int16"],
+)
+def test_refusals_name_the_fix(
+    client: Any, video: np.ndarray, options: dict[str, Any], fix: str, not_said: str | None
+) -> None:
+    with pytest.raises(InvalidVideo) as info:
+        client.encode(video, **options)
+    message = str(info.value)
+    assert re.search(fix, message), message
+    assert not_said is None or not_said not in message, message
+    assert "\n" not in message
+
+
+# -- results and closed clients ------------------------------------------------------------
+
+
+def test_a_result_prints_its_sizes_not_its_bytes(client: Any) -> None:
+    result = client.encode(moving_pattern(12, 64, 96), fps=24)
+    assert result.data is not None and len(result.data) > 1000
+    text = repr(result)
+    assert len(text) < 400, text
+    assert f"size={result.size_bytes} bytes" in text
+    assert "container='mp4'" in text and "frames=12" in text and "path=None" in text
+
+
+def test_every_call_on_a_closed_client_raises_sidecar_closed(daemon: Any, connect: Any) -> None:
+    video = moving_pattern(4, 64, 64)
+    with connect(daemon) as c:  # leaving the block closes it a third time
+        c.encode(video)
+        c.close()
+        c.close()  # a second close does nothing
+        calls = {
+            "encode": lambda: c.encode(video),
+            "status": c.status,
+            "health": c.health,
+            "attach": c.attach,
+            "lease": lambda: c.lease(1024),
+            "release": lambda: c.release("nope"),
+            "warm_up": c.warm_up,
+        }
+        for name, call in calls.items():
+            with pytest.raises(SidecarClosed, match="is closed") as info:
+                call()
+            assert isinstance(info.value, SidecarError), name
+
+
+# -- daemon restarts and missing daemons ----------------------------------------------------
+
+
+def test_a_client_carries_on_across_a_daemon_restart(make_daemon: Any, connect: Any) -> None:
+    """SIGKILLed, then started again on the same socket: the same client's next encodes
+    all succeed at once, although its channel is still waiting to reconnect (it backs
+    off up to a second). The new daemon takes the socket's place only once it serves, so
+    that the client's channel cannot have found it by itself in the meantime."""
+    d = make_daemon()
+    video = moving_pattern(6, 64, 64)
+    with connect(d) as c:
+        assert c.encode(video).frames == 6
+        d.kill()  # SIGKILL
+        with pytest.raises(SidecarUnavailable):  # the loss, in whichever words
+            c.encode(video, timeout=1)
+        with pytest.raises(SidecarUnavailable, match="no daemon answers at"):
+            c.status()
+        time.sleep(3)  # the client's channel now retries once a second at most
+        again = Daemon(d.prefix, socket=str(d.dir / "next.sock")).start()
+        try:
+            os.replace(again.socket, d.socket)  # it serves there from now on
+            assert [c.encode(video).frames for _ in range(5)] == [6] * 5
+            assert c.encode(video, timeout=5).frames == 6
+        finally:
+            assert again.stop() == 0, again.log()
+            again.cleanup()
+
+
+def test_a_restart_is_waited_for_within_the_timeout(make_daemon: Any, connect: Any) -> None:
+    """While the daemon is down an encode fails, as unavailable, once its timeout is
+    spent, naming how to start one."""
+    d = make_daemon()
+    video = moving_pattern(4, 64, 64)
+    with connect(d, timeout=2) as c:
+        c.encode(video)
+        d.kill()
+        with pytest.raises(SidecarUnavailable):  # the loss, in whichever words
+            c.encode(video)
+        started = time.monotonic()
+        with pytest.raises(SidecarUnavailable, match=r"no daemon answers at .*waited 2s"):
+            c.encode(video)
+        assert 1.5 < time.monotonic() - started < 10
+        d.start()
+        assert c.encode(video).frames == 4
+
+
+def test_no_daemon_is_said_as_the_cli_says_it(tmp_path: Path, twin: str, connect: Any) -> None:
+    socket = tmp_path / "none.sock"
+    nowhere = SimpleNamespace(socket=str(socket))
+    with connect(nowhere, timeout=2) as c, pytest.raises(SidecarUnavailable) as info:
+        c.encode(moving_pattern(4, 64, 64))
+    assert str(info.value) == (
+        f"no daemon answers at {socket}: start one with video-sidecar serve --socket {socket}"
+    )
+    assert info.value.code is grpc.StatusCode.UNAVAILABLE
+
+
+def test_a_socket_not_ours_is_said_as_permission_denied() -> None:
+    raw = "failed to connect to all addresses; last error: UNKNOWN: unix:/x.sock: "
+    err = error_for(grpc.StatusCode.UNAVAILABLE, raw + "Permission denied")
+    err.unsent = True
+    assert str(explained("unix:/x.sock", err)) == (
+        "permission denied on /x.sock: the daemon's user or its --shm-group must include you"
+    )
+
+
+def test_no_daemon_with_the_environment_socket(tmp_path: Path, monkeypatch: Any) -> None:
+    socket = tmp_path / "env.sock"
+    monkeypatch.setenv("VIDEO_SIDECAR_SOCKET", str(socket))
+    with SidecarClient(timeout=2) as c:
+        assert c.target == f"unix:{socket}"
+        with pytest.raises(SidecarUnavailable, match=f"serve --socket {socket}"):
+            c.status()
+
+
+# -- the documentation ----------------------------------------------------------------------
+
+
+def test_the_client_documentation_names_what_a_newcomer_needs() -> None:
+    text = (DOCS / "client.md").read_text()
+    for needed in (
+        "VIDEO_SIDECAR_SOCKET",
+        "~/.local/share/video-sidecar/outputs",
+        "SidecarClosed",
+        "no daemon answers at",
+    ):
+        assert needed in text, needed
