@@ -109,12 +109,17 @@ class FramedFuzzing(SoakClient):
             request = pb.EncodeRequest(
                 client_token=self.token, request_id=request_id, video=video, codec=codec
             )
+            data = framing.PREAMBLE + framing.pack(framing.wrap(request))
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
                 sock.connect(self.framed.path)
-                sock.sendall(framing.PREAMBLE + framing.pack(framing.wrap(request)))
+                sent = time.monotonic()  # the daemon's `ms` counts from here, not the lease
+                sock.sendall(data)
                 time.sleep(r.uniform(0.3, 1.5))
+            left = time.monotonic()
             self.release(lease.lease_id, "release-abandoned")  # freed by the encode: NOT_FOUND
-            kind = "abandoned-framed"
+            self.abandoned_at[request_id] = (sent, left, "abandoned-framed")
+            self.codes["abandoned-framed:LEFT"] += 1
+            return
         self.abandoned_at[request_id] = (sent, time.monotonic(), kind)
         self.codes[f"{kind}:LEFT"] += 1
 

@@ -139,11 +139,13 @@ class EncoderProcess:
                 if told_to_stop_at is None and stopped():
                     self.conn.send(Stop())
                     told_to_stop_at = time.monotonic()
+                # Checked whatever the process says: one that sends progress and does not
+                # stop is killed as surely as one that says nothing.
+                if told_to_stop_at is not None and (
+                    time.monotonic() - told_to_stop_at > STOP_GRACE_S
+                ):
+                    self._kill_hung()
                 if not self._readable(STOP_POLL_S):
-                    if told_to_stop_at is not None and (
-                        time.monotonic() - told_to_stop_at > STOP_GRACE_S
-                    ):
-                        self._kill_hung()
                     continue
                 message = self.conn.recv()
                 if isinstance(message, Answer):
