@@ -18,7 +18,14 @@ from fractions import Fraction
 from typing import Any, cast
 
 from sidecar.api.v1 import sidecar_pb2 as pb
-from sidecar.vocabulary import CONTAINERS, PIXEL_FORMATS
+from sidecar.vocabulary import (
+    CONTAINERS,
+    DEFAULT_CONTAINER,
+    PIXEL_FORMATS,
+    FileNameError,
+    extension,
+    file_container,
+)
 
 from ._errors import InvalidArgument, OutOfRange
 from ._types import FrameRange, Lease
@@ -38,7 +45,9 @@ class EncodeOptions:
     fps: Fps = 24
     path: str | None = None
     overwrite: bool = False
-    container: str = "mp4"  # mp4, fmp4 (fragmented, streamed back) or webm
+    # mp4, fmp4 (fragmented, streamed back) or webm; a file's extension wins over the
+    # default (`wire_container`)
+    container: str = DEFAULT_CONTAINER
     codec: str = ""  # empty: the container's default (h264, or vp9 in WebM)
     crf: int | None = None
     preset: str | None = None
@@ -73,6 +82,24 @@ class EncodeOptions:
         whole("threads", self.threads, 0, 2**32 - 1)
         if self.extra is not None:
             _of_type("extra", self.extra, Mapping, "a mapping of option names to values")
+        self.wire_container()
+
+    def wire_container(self) -> str:
+        """The container the request names: `container`, where a file's name agrees with
+        it (the default, mp4, gives way to the file's extension: `path="x.webm"` is WebM).
+        "" names none: a file without extension, which the daemon refuses once it has
+        looked at what is in the way (a directory of that name, say)."""
+        if self.container not in CONTAINERS:
+            raise InvalidArgument(f"container {self.container!r}: use {', '.join(CONTAINERS)}")
+        if self.path is None:
+            return self.container
+        named = "" if self.container == DEFAULT_CONTAINER else self.container
+        if not extension(self.path):
+            return named
+        try:
+            return file_container(self.path, named)
+        except FileNameError as exc:
+            raise InvalidArgument(str(exc)) from None
 
     def request(
         self,
@@ -151,10 +178,8 @@ class EncodeOptions:
         return options
 
     def output_proto(self) -> pb.OutputSpec:
-        value = CONTAINERS.get(self.container)
-        if value is None:
-            raise InvalidArgument(f"container {self.container!r}: use {', '.join(CONTAINERS)}")
-        container = cast("pb.Container", value)
+        named = self.wire_container()
+        container = cast("pb.Container", CONTAINERS[named] if named else 0)
         if self.path is not None:
             return pb.OutputSpec(
                 file=pb.FileOutput(path=self.path, overwrite=self.overwrite), container=container

@@ -16,6 +16,8 @@ them is in `pool_reason`.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -46,6 +48,22 @@ from .config_values import (
     parse_slabs,
 )
 from .vocabulary import default_socket
+
+SHM_PREFIX_SHOWN = "video-sidecar-$UID"
+
+
+def shm_prefix_for(socket: str) -> str:
+    """The shm prefix of a daemon on `socket` when no setting names one: the same for
+    `serve`, and for the daemon `encode` and `demo` start when none answers.
+
+    The default socket gets `video-sidecar-$UID`. Any other gets that and the first 8 hex
+    digits of the sha256 of its absolute path: one daemon owns a prefix, so a daemon on a
+    second socket must not take the default daemon's.
+    """
+    path = os.path.abspath(socket)
+    if path == os.path.abspath(default_socket()):
+        return default_shm_prefix()
+    return f"{default_shm_prefix()}-{hashlib.sha256(path.encode()).hexdigest()[:8]}"
 
 
 def _at_least_one(text: str) -> int:
@@ -159,10 +177,14 @@ class Storage:
         default="/dev/shm",
         metadata=flag("directory the slabs live in (a tmpfs)", metavar="DIR"),
     )
+    # "" until __post_init__ derives it from the socket: see `shm_prefix_for`.
     shm_prefix: str = field(
-        default_factory=default_shm_prefix,
+        default="",
         metadata=flag(
-            "name prefix of this instance's slabs; one daemon per prefix", metavar="NAME"
+            "name prefix of this instance's slabs; one daemon per prefix",
+            metavar="NAME",
+            shown=f"{SHM_PREFIX_SHOWN} on the default socket, {SHM_PREFIX_SHOWN}-<8 hex digits "
+            "of sha256 of the socket path> on any other",
         ),
     )
     shm_group: str = field(
@@ -310,6 +332,8 @@ class Config(Operations, Limits, Encoding, Storage, Listening):
     `config_sources`."""
 
     def __post_init__(self) -> None:
+        if not self.shm_prefix:  # frozen: set here once, as the pool's size below
+            object.__setattr__(self, "shm_prefix", shm_prefix_for(self.socket))
         problems = config_problems(self)
         if problems:
             raise ValueError("; ".join(problems))

@@ -12,7 +12,7 @@ import enum
 import os
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from .api.v1 import sidecar_pb2 as pb
 
@@ -85,16 +85,86 @@ PIXEL_FORMATS: dict[str, PixelFormat] = {
 }
 PIXEL_FORMAT_BY_PROTO: dict[int, PixelFormat] = {f.proto: f for f in PIXEL_FORMATS.values()}
 
-# Containers by their wire name; the unspecified value means MP4.
+# Containers by their wire name. The unspecified value is "" here, none named: a file
+# output is written in the container its name's extension says (`file_container`), bytes
+# in MP4.
+DEFAULT_CONTAINER = "mp4"
 CONTAINERS: dict[str, int] = {
     "mp4": pb.CONTAINER_MP4,
     "fmp4": pb.CONTAINER_FRAGMENTED_MP4,
     "webm": pb.CONTAINER_WEBM,
 }
 CONTAINER_BY_PROTO: dict[int, str] = {
-    pb.CONTAINER_UNSPECIFIED: "mp4",
+    pb.CONTAINER_UNSPECIFIED: "",
     **{value: name for name, value in CONTAINERS.items()},
 }
+
+# A file's extension says its container: the one a file output is written in when none is
+# named (the first of its row), and those that may be named for it. One table for the
+# client, the command line and the daemon; any other extension, or none, is refused.
+FILE_EXTENSIONS: dict[str, tuple[str, ...]] = {
+    ".mp4": ("mp4", "fmp4"),
+    ".webm": ("webm",),
+}
+EXTENSION_OF: dict[str, str] = {
+    name: ext for ext, names in FILE_EXTENSIONS.items() for name in names
+}
+
+
+@dataclass(frozen=True)
+class Wording:
+    """How a caller spells a file output and its container, for the refusals to say."""
+
+    path: str  # the file output: "path", "-o"
+    container: str  # its container: "container", "--container"
+    drop: str  # how to name none: "drop container="
+
+
+CLIENT_WORDS = Wording("path", "container", "drop container=")
+WIRE_WORDS = Wording("the path", "output.container", "leave output.container unset")
+
+
+class FileNameError(ValueError):
+    """A file output whose name does not say its container, or says another one."""
+
+
+def extension(path: str) -> str:
+    """The extension of the file `path` names, lower case; "" for none (`jobs/x`,
+    `jobs/.mp4`, `x.`)."""
+    return PurePosixPath(path).suffix.lower()
+
+
+def file_container(path: str, container: str = "", words: Wording = CLIENT_WORDS) -> str:
+    """The container a file output at `path` is written in: the one its extension picks
+    when `container` is "" (none named), else `container` once the extension agrees.
+
+    Raises FileNameError, naming both and the fix, for a path with no extension, an
+    extension no container writes, and an extension of another container than the one
+    named. An unknown `container` is the caller's to refuse."""
+    shown = repr(path if len(path) <= 80 else path[:77] + "...")
+    ext = extension(path)
+    if not ext:
+        add = EXTENSION_OF.get(container, EXTENSION_OF[DEFAULT_CONTAINER])
+        raise FileNameError(
+            f"{words.path} {shown} has no extension, which says what plays it: "
+            f"name it {path[:80] + add!r}"
+        )
+    suffix = PurePosixPath(path).suffix
+    fits = FILE_EXTENSIONS.get(ext)
+    if fits is None:
+        known = " or ".join(f"{e} ({', '.join(names)})" for e, names in FILE_EXTENSIONS.items())
+        raise FileNameError(
+            f"{words.path} {shown} ends in {suffix}, which no container writes: name it {known}"
+        )
+    if not container:
+        return fits[0]
+    if container in CONTAINERS and container not in fits:
+        raise FileNameError(
+            f"{words.path} {shown} ends in {suffix}, but {words.container} is {container}: "
+            f"name it {EXTENSION_OF[container]} or {words.drop}"
+        )
+    return container
+
 
 SAMPLE_FORMATS: dict[str, int] = {"f32": pb.SAMPLE_FORMAT_F32, "s16": pb.SAMPLE_FORMAT_S16}
 SAMPLE_FORMAT_BY_PROTO: dict[int, str] = {value: name for name, value in SAMPLE_FORMATS.items()}
@@ -114,11 +184,15 @@ def default_socket() -> str:
 
 
 __all__ = [
+    "CLIENT_WORDS",
     "CONTAINERS",
     "CONTAINER_BY_PROTO",
+    "DEFAULT_CONTAINER",
     "ERROR_DETAILS_KEY",
     "ERROR_DOMAIN",
     "ERROR_KEY",
+    "EXTENSION_OF",
+    "FILE_EXTENSIONS",
     "FRAMED_REPLY_MAX_BYTES",
     "MAX_MESSAGE_BYTES",
     "PIXEL_FORMATS",
@@ -126,8 +200,13 @@ __all__ = [
     "SAMPLE_FORMATS",
     "SAMPLE_FORMAT_BY_PROTO",
     "STALL_TEXT",
+    "WIRE_WORDS",
+    "FileNameError",
     "PixelFormat",
     "Reason",
+    "Wording",
     "default_socket",
+    "extension",
+    "file_container",
     "runtime_dir",
 ]

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -276,6 +278,29 @@ def test_help_explains_every_option_and_shows_defaults(tmp_path: Path) -> None:
     assert "--insecure true|false" in " ".join(serve.split())
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["serve", "--sokcet", "x"], "video-sidecar serve: unknown flag --sokcet; did you mean "
+         "--socket? (see video-sidecar serve --help)"),
+        (["serve", "--slab-sise=4MiB"], "video-sidecar serve: unknown flag --slab-sise; did you "
+         "mean --slab-size? (see video-sidecar serve --help)"),
+        (["status", "--jsno"], "video-sidecar status: unknown flag --jsno; did you mean --json? "
+         "(see video-sidecar status --help)"),
+        (["encode", "x.npy", "--overwirte"], "video-sidecar encode: unknown flag --overwirte; "
+         "did you mean --overwrite? (see video-sidecar encode --help)"),
+        (["health", "--zzzzqq"], "video-sidecar health: unknown flag --zzzzqq "
+         "(see video-sidecar health --help)"),
+        (["encode", "a.npy", "b.npy"], "video-sidecar encode: unexpected argument: b.npy "
+         "(see video-sidecar encode --help)"),
+    ],
+)  # fmt: skip
+def test_an_unknown_flag_names_the_nearest_and_the_commands_help(
+    tmp_path: Path, args: list[str], said: str
+) -> None:
+    assert usage_error(cli(args, tmp_path)) == said
+
+
 def test_a_bad_size_says_what_a_size_looks_like(tmp_path: Path) -> None:
     line = usage_error(cli(["serve", "--slab-size", "16X"], tmp_path))
     assert "16MiB" in line and "1GiB" in line and "parse_size" not in line
@@ -302,6 +327,25 @@ def test_names_and_ports_are_checked_before_anything_starts(tmp_path: Path) -> N
     for flag in ("--tcp", "--metrics"):
         result = cli(["serve", flag, "127.0.0.1:99999", "--insecure"], tmp_path)
         assert "port of 1 to 65535" in one_line_error(result, 2)
+
+
+def test_metrics_without_their_client_are_said_before_anything_is_made(tmp_path: Path) -> None:
+    """Checked before the socket and the pool: even a pool that cannot be made (no such
+    --shm-dir) is not tried, and nothing is left."""
+    blocked = tmp_path / "shim" / "prometheus_client"
+    blocked.mkdir(parents=True)
+    (blocked / "__init__.py").write_text("raise ImportError('not installed here')\n")
+    sock = tmp_path / "run" / "s.sock"
+    args = ["serve", "--metrics", "127.0.0.1:9464", "--socket", str(sock), "--shm-dir",
+            str(tmp_path / "no-shm"), "--shm-prefix", new_prefix(), "--slabs", "1",
+            "--slab-size", "1MiB"]  # fmt: skip
+    result = cli(args, tmp_path, {"PYTHONPATH": str(tmp_path / "shim")}, timeout=60)
+    assert result.returncode == 1, result.stderr
+    assert "--metrics needs prometheus-client" in result.stderr
+    assert "pip install prometheus-client" in result.stderr
+    assert "pip install '.[metrics]' in a checkout" in result.stderr
+    assert "Traceback" not in result.stderr and "no-shm" not in result.stderr, result.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_bad_numbers_are_usage_errors(tmp_path: Path) -> None:
@@ -337,6 +381,38 @@ def test_output_is_checked_before_anything_is_encoded(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".*.part"))
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["-o", "out.avi"], "-o 'out.avi' ends in .avi, which no container writes: name it .mp4"),
+        (["-o", "out.mkv", "--container", "webm"], "-o 'out.mkv' ends in .mkv, which no "
+         "container writes"),
+        (["-o", "out.mp4", "--container", "webm"], "-o 'out.mp4' ends in .mp4, but --container "
+         "is webm: name it .webm or drop --container"),
+        (["-o", "out.webm", "--container", "mp4"], "but --container is mp4: name it .mp4"),
+        (["-o", "noext"], "-o 'noext' has no extension, which says what plays it: name it "
+         "'noext.mp4'"),
+        (["-o", "noext", "--container", "webm"], "name it 'noext.webm'"),
+    ],
+)  # fmt: skip
+def test_an_output_name_that_says_no_container_or_another_is_refused(
+    daemon: Daemon, tmp_path: Path, args: list[str], said: str
+) -> None:
+    clip(tmp_path / "clip.npy")
+    result = cli(["encode", "clip.npy", "--socket", daemon.socket, *args], tmp_path)
+    line = one_line_error(result, 2)
+    assert line == f"video-sidecar: {said}" or said in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clip.npy"]
+
+
+def test_fragmented_mp4_goes_in_an_mp4_file(daemon: Daemon, tmp_path: Path) -> None:
+    clip(tmp_path / "clip.npy")
+    args = ["encode", "clip.npy", "-o", "f.mp4", "--container", "fmp4", "--socket", daemon.socket]
+    result = cli(args, tmp_path)
+    assert result.returncode == 0 and "h264 in fmp4" in result.stdout, result.stderr
+    assert (tmp_path / "f.mp4").read_bytes()[4:8] == b"ftyp"
+
+
 def test_overwrite_replaces(daemon: Daemon, tmp_path: Path) -> None:
     clip(tmp_path / "clip.npy")
     (tmp_path / "clip.mp4").write_bytes(b"old")
@@ -350,6 +426,10 @@ def test_webm_output_name_picks_the_container(daemon: Daemon, tmp_path: Path) ->
     clip(tmp_path / "clip.npy")
     result = cli(["encode", "clip.npy", "-o", "out.webm", "--socket", daemon.socket], tmp_path)
     assert result.returncode == 0 and "vp9 in webm" in result.stdout, result.stderr
+    assert (tmp_path / "out.webm").read_bytes()[:4] == b"\x1a\x45\xdf\xa3"
+    result = cli(["encode", "clip.npy", "--container", "webm", "--socket", daemon.socket],
+                 tmp_path)  # fmt: skip
+    assert result.returncode == 0 and "wrote clip.webm (vp9 in webm" in result.stdout
 
 
 # -- 6b. a second socket while a daemon runs ----------------------------------------------
@@ -391,6 +471,37 @@ def test_wrong_socket_gets_its_own_prefix(daemon: Daemon, tmp_path: Path, given:
             (SHM_DIR / name).unlink(missing_ok=True)
     assert not leaked, f"the auto-started daemon left {leaked}"
     assert not wrong.exists() and not (tmp_path / "wrong").exists()
+
+
+def test_daemons_on_two_sockets_each_take_a_prefix_of_their_own(tmp_path: Path) -> None:
+    """`serve --socket` with no prefix set derives one from the socket, as `encode` and
+    `demo` do for a daemon they start: a second daemon beside the first just works."""
+    daemons = [
+        DaemonProcess(str(tmp_path / name / "s.sock"), output_dir=str(tmp_path / "out"),
+                      slabs=1, slab_size="4MiB", encoder_processes=0)
+        for name in ("a", "b")
+    ]  # fmt: skip
+    prefixes = [auto_shm_prefix(d.socket) for d in daemons]
+    assert len(set(prefixes)) == 2
+    settings = {k: "" for k in os.environ if k.startswith("VIDEO_SIDECAR_")}
+    try:
+        with open(tmp_path / "daemons.log", "ab") as log:
+            for d in daemons:
+                d.start(60, env=settings, output=log)
+        for d, prefix in zip(daemons, prefixes, strict=True):
+            with SidecarClient(d.socket) as c:
+                assert c.encode(np.zeros((2, 32, 32, 3), np.uint8)).frames == 2
+            assert prefix_segments(prefix), prefix
+        configured = cli(["config", "--socket", daemons[1].socket], tmp_path).stdout
+        assert f'shm_prefix = "{prefixes[1]}"  # default' in configured
+    finally:
+        for d in daemons:
+            if d.process is not None:
+                d.force_stop()
+        leaked = [name for prefix in prefixes for name in prefix_segments(prefix)]
+        for name in leaked:
+            (SHM_DIR / name).unlink(missing_ok=True)
+    assert not leaked, (tmp_path / "daemons.log").read_text()
 
 
 def test_no_daemon_is_started_for_a_network_address(tmp_path: Path) -> None:
@@ -486,6 +597,90 @@ def test_no_daemon_says_how_to_start_one(tmp_path: Path, command: str) -> None:
     assert f"no daemon answers at {sock}" in line
     assert f"video-sidecar serve --socket {sock}" in line
     assert "failed to connect" not in line
+
+
+class _Refused:
+    """A socket whose connect is refused as one this user may not open is."""
+
+    def __init__(self, *args: Any) -> None:
+        pass
+
+    def settimeout(self, timeout: float) -> None:
+        pass
+
+    def connect(self, path: str) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_socket_this_user_may_not_open_is_said_so_and_gets_no_daemon(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Root opens any socket: the refusal is the kernel's to a user, made here."""
+    from client import SidecarUnavailable
+    from sidecar.tools import cli as cli_module
+    from sidecar.tools import launcher
+
+    sock = str(tmp_path / "theirs.sock")
+    said = (f"permission denied on {sock}: the daemon's user or its --shm-group must "
+            "include you")  # fmt: skip
+    assert launcher.permission_denied(sock) == ""  # nothing there: no daemon, no refusal
+    monkeypatch.setattr(launcher.net, "socket", _Refused)
+    assert launcher.permission_denied(sock) == said
+    with pytest.raises(launcher.DaemonStartError, match=r"^permission denied on "):
+        launcher.AutoDaemon(sock)
+    assert cli_module._unreachable(sock, SidecarUnavailable("failed to connect"), 5) == said
+    assert not list(tmp_path.iterdir()) and not (tmp_path / "state").exists()
+
+
+NOBODY = 65534
+
+
+def _as_nobody() -> list[str]:
+    """setpriv's words for running as `nobody`; a skip, saying why, where that cannot be."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv (util-linux) to act as another user")
+    who = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+    probe = subprocess.run([*who, *CLI, "--version"], capture_output=True, text=True,
+                           timeout=60, check=False)  # fmt: skip
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["no output"])[-1][:120]
+        pytest.skip(f"the user nobody cannot run this checkout's Python ({last})")
+    return who
+
+
+def test_another_users_socket_is_permission_denied_not_no_daemon(tmp_path: Path) -> None:
+    """A socket nobody may open: `status` and `encode` as nobody say so, and `encode`
+    starts no daemon of its own over it."""
+    who = _as_nobody()
+    place = Path(tempfile.mkdtemp(prefix="vs-denied-"))
+    try:
+        os.chmod(place, 0o777)
+        sock = place / "s.sock"
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(str(sock))
+        listener.listen(1)
+        os.chmod(sock, 0)
+        clip(place / "clip.npy")
+        os.chmod(place / "clip.npy", 0o644)
+        said = (f"video-sidecar: permission denied on {sock}: the daemon's user or its "
+                "--shm-group must include you")  # fmt: skip
+        env = {"XDG_STATE_HOME": str(place / "state"), "HOME": str(place)}
+        for args in (["status"], ["encode", "clip.npy"]):
+            result = subprocess.run(
+                [*who, *CLI, *args, "--socket", str(sock)], capture_output=True, text=True,
+                timeout=60, cwd=place, check=False,
+                env={**{k: v for k, v in os.environ.items() if not k.startswith("VIDEO_")},
+                     **env},
+            )  # fmt: skip
+            assert one_line_error(result, 1) == said, args
+        assert not (place / "state").exists(), "a daemon was started over the socket"
+        assert not (place / "clip.mp4").exists() and not list(place.glob(".*.part"))
+        listener.close()
+    finally:
+        shutil.rmtree(place, ignore_errors=True)
 
 
 def test_health_waits_for_a_daemon_slow_to_answer(daemon: Daemon, tmp_path: Path) -> None:

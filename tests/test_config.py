@@ -181,3 +181,35 @@ def test_idle_release_is_a_positive_number_of_seconds(value: str) -> None:
     with pytest.raises(ValueError, match=r"IDLE_RELEASE|idle_release"):
         Config.load(parse([]), {Config.env_name("idle_release"): value})
     assert Config.load(parse(["--idle-release", "2.5"]), {}).idle_release == 2.5
+
+
+def test_the_shm_prefix_follows_the_socket(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One rule for `serve`, and the daemon `encode` and `demo` start: the default socket
+    keeps the default prefix, any other gets one of its own, a prefix set anywhere wins."""
+    import hashlib
+    import os
+
+    from sidecar.config import shm_prefix_for
+    from sidecar.tools.launcher import AutoDaemon
+    from sidecar.vocabulary import default_socket
+
+    monkeypatch.delenv("VIDEO_SIDECAR_SHM_PREFIX", raising=False)
+    monkeypatch.delenv("VIDEO_SIDECAR_CONFIG", raising=False)
+    mine = f"video-sidecar-{os.getuid()}"
+    other = str(tmp_path / "other.sock")
+    derived = f"{mine}-{hashlib.sha256(other.encode()).hexdigest()[:8]}"
+    assert Config.load({}).shm_prefix == mine == shm_prefix_for(default_socket())
+    assert Config.load({"socket": other}).shm_prefix == derived == shm_prefix_for(other)
+    config, sources = Config.load_with_sources(parse(["--socket", other]))
+    assert config.shm_prefix == derived and sources["shm_prefix"] == "default"
+    assert Config(socket=other).shm_prefix == derived
+    assert AutoDaemon(other).shm_prefix == derived
+    assert Config.load({"socket": other, "shm_prefix": "mine"}).shm_prefix == "mine"
+    assert Config.load({"socket": other}, {"VIDEO_SIDECAR_SHM_PREFIX": "env"}).shm_prefix == "env"
+    assert "video-sidecar-$UID-<8 hex digits" in parse_help()
+
+
+def parse_help() -> str:
+    parser = argparse.ArgumentParser()
+    Config.add_arguments(parser)
+    return " ".join(parser.format_help().split())

@@ -85,3 +85,42 @@ def test_discard_removes_the_temp_file(tmp_path: Path) -> None:
     target.open_temp().write_bytes(b"partial")
     target.discard()
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("relative", "container", "said"),
+    [
+        ("jobs/x", "mp4", "has no extension, which says what plays it: name it 'jobs/x.mp4'"),
+        ("jobs/x", "webm", "name it 'jobs/x.webm'"),
+        ("x.mp4", "webm", "ends in .mp4, but output.container is webm"),
+        ("x.avi", "mp4", "ends in .avi, which no container writes"),
+    ],
+)
+def test_a_name_that_does_not_say_its_container_is_refused(
+    tmp_path: Path, relative: str, container: str, said: str
+) -> None:
+    with pytest.raises(InvalidRequest, match=r"^output\.file\.path: the path ") as info:
+        FileTarget.prepare(tmp_path, relative, overwrite=False, container=container)
+    assert said in str(info.value)
+    assert not list(tmp_path.rglob("x*"))
+
+
+def test_a_directory_in_the_way_is_said_before_the_name(tmp_path: Path) -> None:
+    from sidecar.errors import OutputError
+
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(OutputError, match="it is a directory"):
+        FileTarget.prepare(tmp_path, "taken", overwrite=False)
+
+
+@pytest.mark.parametrize(
+    ("path", "container", "written"),
+    [(None, "", "mp4"), (None, "webm", "webm"), ("a.webm", "", "webm"), ("a.mp4", "fmp4", "fmp4")],
+)
+def test_the_container_an_output_is_written_in(
+    path: str | None, container: str, written: str
+) -> None:
+    from sidecar.pipeline.output import output_container
+    from sidecar.pipeline.requests import OutputRequest
+
+    assert output_container(OutputRequest(path=path, container=container)) == written

@@ -1,7 +1,8 @@
 """Prometheus metrics, served over HTTP when `--metrics HOST:PORT` is set.
 
-prometheus-client is an optional extra (`pip install 'video-sidecar[metrics]'`); nothing
-here is imported unless metrics are asked for.
+prometheus-client is an optional extra (the `metrics` extra: `pip install '.[metrics]'` in
+a checkout); nothing here is imported unless metrics are asked for, and `serve` asks for
+it (`require_client`) before it makes anything.
 """
 
 from __future__ import annotations
@@ -24,16 +25,27 @@ ERROR_CODES = tuple(sorted({code.name for code in STATUS_OF.values()}))
 REQUEST_CODES = ("OK", *ERROR_CODES)
 
 
+MISSING = (
+    "--metrics needs prometheus-client, which is not installed where the daemon runs: "
+    "pip install prometheus-client (it is the [metrics] extra: pip install '.[metrics]' "
+    "in a checkout of video-sidecar)"
+)
+
+
+def require_client() -> Any:
+    """prometheus_client; StartupError, saying how to install it, where it is missing."""
+    try:
+        import prometheus_client
+    except ImportError:
+        raise StartupError(MISSING) from None
+    return prometheus_client
+
+
 class Metrics:
     """Request counters and an encode-time histogram, plus the daemon's state at scrape."""
 
     def __init__(self, sidecar: Sidecar) -> None:
-        try:
-            import prometheus_client as prom
-        except ImportError:
-            raise StartupError(
-                "--metrics needs prometheus-client: pip install 'video-sidecar[metrics]'"
-            ) from None
+        prom = require_client()
         self._prom = prom
         self.registry = prom.CollectorRegistry()
         self.requests = prom.Counter(

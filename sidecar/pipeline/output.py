@@ -15,7 +15,10 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from ..codec.catalogue import CONTAINERS
 from ..errors import DiskFull, InvalidRequest, OutputError, OutputExists, StartupError
+from ..vocabulary import DEFAULT_CONTAINER, WIRE_WORDS, FileNameError, extension, file_container
+from .requests import OutputRequest
 
 FIELD = "output.file.path"
 MAX_PATH_CHARS = 1024
@@ -63,6 +66,24 @@ def confine(relative: str) -> PurePosixPath:
     return path
 
 
+def output_container(out: OutputRequest) -> str:
+    """The container an output is written in: the one named, checked against a file's
+    extension; else the one the extension says; else (bytes) MP4. A file name with no
+    extension is refused by `FileTarget.prepare`, once a directory in the way is told."""
+    if out.container and out.container not in CONTAINERS:
+        raise InvalidRequest("output.container", f"unknown container {out.container!r}")
+    if out.path is None or not extension(out.path):
+        return out.container or DEFAULT_CONTAINER
+    return _named(out.path, out.container)
+
+
+def _named(path: str, container: str) -> str:
+    try:
+        return file_container(path, container, WIRE_WORDS)
+    except FileNameError as exc:
+        raise InvalidRequest(FIELD, str(exc)) from None
+
+
 def output_error(exc: OSError, what: str) -> OutputError:
     """Turn an OS error while writing into the matching domain error."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -82,8 +103,9 @@ class FileTarget:
     temp: Path | None = None
 
     @classmethod
-    def prepare(cls, root: Path, relative: str, overwrite: bool) -> FileTarget:
-        """Resolve `relative` under `root`, creating directories, refusing any escape."""
+    def prepare(cls, root: Path, relative: str, overwrite: bool, container: str = "") -> FileTarget:
+        """Resolve `relative` under `root`, creating directories, refusing any escape and
+        a name whose extension does not say `container` ("": any container's)."""
         rel = confine(relative)
         real_root = os.path.realpath(root)
         current = real_root
@@ -108,6 +130,7 @@ class FileTarget:
         final = Path(current) / rel.name
         if os.path.isdir(final):
             raise OutputError(f"cannot write {relative[:80]!r}: it is a directory")
+        _named(relative, container)
         if not overwrite and os.path.lexists(final):
             raise OutputExists(f"{relative[:80]!r} exists; pass overwrite to replace it")
         return cls(final, overwrite)

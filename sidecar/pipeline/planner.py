@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 
 from ..codec.audio_format import AudioFormat
-from ..codec.catalogue import CONTAINERS
 from ..codec.ceiling import CostCeiling
 from ..codec.frames import Geometry, Limits, PlacedRange, check_geometry, place_ranges
 from ..codec.landing import check_place
@@ -23,7 +22,7 @@ from ..errors import InvalidRequest
 from ..pool.leases import Lease, LeaseTable
 from ..pool.shm import SlabSet
 from .feed import FrameFeed
-from .output import FileTarget
+from .output import FileTarget, output_container
 from .plans import EncodePlan
 from .requests import AudioPiece, EncodeSpec
 
@@ -62,9 +61,8 @@ class Planner:
         v = spec.video
         geometry = check_geometry(v.width, v.height, v.pixel_format, v.fps, self.limits)
         out = spec.output
-        if out.container not in CONTAINERS:
-            raise InvalidRequest("output.container", f"unknown container {out.container!r}")
-        codec = spec.codec.resolve(out.container, self.ceiling)
+        container = output_container(out)
+        codec = spec.codec.resolve(container, self.ceiling)
         codec.check_size(geometry.width, geometry.height)
         audio = spec.audio.format.check() if spec.audio.format is not None else None
         if spec.audio.data and audio is None:
@@ -78,7 +76,7 @@ class Planner:
         landed_at = self._landed_at(spec, geometry, ranges)
         target = None
         if out.path is not None:
-            target = FileTarget.prepare(self.output_root, out.path, out.overwrite)
+            target = FileTarget.prepare(self.output_root, out.path, out.overwrite, container)
         frames_total = sum(r.frame_count for r in ranges)
         plan = EncodePlan(
             spec.request_id,
@@ -86,7 +84,7 @@ class Planner:
             codec.for_frames(frames_total),
             target,
             spec.codec.threads,
-            container=out.container,
+            container=container,
             audio=audio,
             frames_total=frames_total,
             one_reply=spec.one_reply is not None,

@@ -46,12 +46,17 @@ def _unreachable(socket: str, exc: Exception, timeout: float) -> str:
     """One line for a daemon that did not answer: no raw gRPC text unless it helps."""
     from client import DeadlineExceeded, SidecarUnavailable
 
+    from .launcher import permission_denied
+
     if socket_path(socket) is None:  # a network target
         start = f"video-sidecar serve --tcp {socket}"
     elif socket == default_socket():
         start = "video-sidecar serve"
     else:
         start = f"video-sidecar serve --socket {socket}"
+    denied = permission_denied(socket) if isinstance(exc, SidecarUnavailable) else ""
+    if denied:
+        return denied
     if isinstance(exc, SidecarUnavailable):
         return (
             f"no daemon answers at {socket} (none runs there, or it is shutting down); "
@@ -63,6 +68,7 @@ def _unreachable(socket: str, exc: Exception, timeout: float) -> str:
 
 
 def serve(args: argparse.Namespace) -> int:
+    from ..face.metrics import require_client
     from ..face.server import Server
 
     try:
@@ -72,6 +78,8 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     logs.configure(config.log_level, config.log_json)
     try:
+        if config.metrics:  # before the socket and the pool are made, not after
+            require_client()
         Server(config).run()
     except StartupError as exc:
         log.error("cannot start: %s", exc)
@@ -180,7 +188,6 @@ def encode(args: argparse.Namespace) -> int:
     if args.audio and args.sample_rate is None:
         print("video-sidecar: --audio needs --sample-rate HZ", file=sys.stderr)
         return 2
-    container = args.container or ("webm" if args.output.lower().endswith(".webm") else "mp4")
     logs.configure("warning")
     return run(
         EncodeCommand(
@@ -194,7 +201,7 @@ def encode(args: argparse.Namespace) -> int:
             pixel_format=args.pixel_format,
             layout=args.layout,
             value_range=(args.value_range.low, args.value_range.high),
-            container=container,
+            container=args.container or "",  # "": the one -o's extension says
             audio=args.audio,
             sample_rate=args.sample_rate,
             overwrite=args.overwrite,

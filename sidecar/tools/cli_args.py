@@ -4,6 +4,7 @@ value types the options take. `cli` runs the commands."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -140,10 +141,34 @@ def _add_shm_prefix(parser: argparse.ArgumentParser) -> None:
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, with a usage mistake told in one line (the usage block is in --help)."""
+    """argparse, with a usage mistake told in one line (the usage block is in --help), by
+    the command it was made in: `video-sidecar serve --sokcet` points at `video-sidecar
+    serve --help`, with the flag meant."""
+
+    commands: dict[str, argparse.ArgumentParser]
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> argparse.Namespace:
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = getattr(self, "commands", {}).get(getattr(parsed, "command", None) or "")
+            (command or self).error(unknown_words(command or self, extras))
+        return parsed
+
+
+def unknown_words(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """What a command does not take, said with the flag of its that is nearest, if any."""
+    flags = [f for f in extras if f.startswith("-")]
+    if not flags:
+        return f"unexpected argument{'s' if len(extras) > 1 else ''}: {' '.join(extras)}"
+    word = flags[0].split("=", 1)[0]
+    known = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    near = difflib.get_close_matches(word, known, n=1)
+    return f"unknown flag {word}" + (f"; did you mean {near[0]}?" if near else "")
 
 
 Commands = Any  # argparse's subparsers action: `add_parser` makes a command
@@ -159,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_serve, _config, _demo, _status, _health, _encode):
         add(commands)
+    parser.commands = dict(commands.choices)
     return parser
 
 
@@ -271,8 +297,9 @@ def _encode(commands: Commands) -> None:
         "--output",
         default="",
         metavar="OUT",
-        help="local file to write; refused if it exists unless --overwrite "
-        "[default: FILE's name with .mp4 (.webm for --container webm), in this directory]",
+        help="local file to write, .mp4 (MP4, or fragmented with --container fmp4) or "
+        ".webm (WebM); refused if it exists unless --overwrite [default: FILE's name with "
+        ".mp4 (.webm for --container webm), in this directory]",
     )
     encode.add_argument(
         "--overwrite", action="store_true", help="replace the output file if it exists"
@@ -328,8 +355,8 @@ def _add_media_options(encode: argparse.ArgumentParser) -> None:
     encode.add_argument(
         "--container",
         choices=["mp4", "fmp4", "webm"],
-        help="mp4, fmp4 (fragmented MP4) or webm (VP9 and Opus) [default: webm for an "
-        "-o ending in .webm, else mp4]",
+        help="mp4, fmp4 (fragmented MP4) or webm (VP9 and Opus); it must agree with -o's "
+        "extension [default: the one -o's extension says: .webm webm, .mp4 mp4; else mp4]",
     )
     encode.add_argument(
         "--audio",

@@ -76,8 +76,9 @@ def _encode(options: DemoOptions, path: str, stack: ExitStack) -> tuple[_Setup, 
     t0 = time.perf_counter()
     spawned = None
     if not is_serving(options.socket):
+        daemon = AutoDaemon(options.socket, options.shm_prefix)  # refused: nothing said yet
         print(f"starting a daemon on {options.socket}", flush=True)
-        spawned = stack.enter_context(AutoDaemon(options.socket, options.shm_prefix))
+        spawned = stack.enter_context(daemon)
         print(f"  shm prefix {spawned.shm_prefix}, log {spawned.log_path}", flush=True)
     startup_ms = (time.perf_counter() - t0) * 1e3 if spawned else 0.0
     client = stack.enter_context(SidecarClient(options.socket, client_name="demo"))

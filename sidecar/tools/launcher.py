@@ -4,16 +4,17 @@ tests.
 `AutoDaemon` is the daemon a command (`encode`, `demo`) starts for itself when none answers
 at its socket: its output goes to a log file, not the user's terminal; it runs in its own
 session, so a Ctrl-C reaches only the command, which then stops it cleanly; and on a socket
-other than the default one it gets an shm prefix of its own (see `auto_shm_prefix`).
+other than the default one it gets an shm prefix of its own, as `serve` does there
+(`config.shm_prefix_for`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import signal
+import socket as net
 import subprocess
 import sys
 import tempfile
@@ -24,9 +25,8 @@ from typing import IO, Any
 
 from client import SidecarClient, TransportError
 
-from ..config import Config
-from ..config_values import default_shm_prefix, socket_path
-from ..vocabulary import default_socket
+from ..config import Config, shm_prefix_for
+from ..config_values import socket_path
 
 
 def serve_command() -> list[str]:
@@ -41,6 +41,26 @@ def is_serving(socket: str) -> bool:
             return probe.health() == "SERVING"
         except TransportError:
             return False
+
+
+def permission_denied(socket: str) -> str:
+    """The one line for a Unix socket this user may not connect to (the socket's mode, or
+    a directory on its way, keeps them out), else "". Starting a daemon there would not
+    help: the one there is not the user's to reach."""
+    path = socket_path(socket)
+    if path is None:
+        return ""
+    probe = net.socket(net.AF_UNIX, net.SOCK_STREAM)
+    probe.settimeout(2)
+    try:
+        probe.connect(path)
+    except PermissionError:
+        return f"permission denied on {path}: the daemon's user or its --shm-group must include you"
+    except OSError:  # nothing there, or nothing listening: no daemon, not a refusal
+        return ""
+    finally:
+        probe.close()
+    return ""
 
 
 def _missing_dirs(directory: Path) -> list[Path]:
@@ -180,24 +200,14 @@ def state_dir() -> Path:
     return Path(state) / "video-sidecar"
 
 
-def auto_shm_prefix(socket: str) -> str:
-    """The shm prefix of a daemon started for `socket` when no setting names one.
-
-    The default socket gets the default prefix. Any other socket gets
-    `video-sidecar-$UID-<8 hex digits of sha256(absolute socket path)>`: one daemon owns a
-    prefix, so a daemon started for a second socket must not take the default daemon's.
-    """
-    path = os.path.abspath(socket)
-    if path == os.path.abspath(default_socket()):
-        return default_shm_prefix()
-    return f"{default_shm_prefix()}-{hashlib.sha256(path.encode()).hexdigest()[:8]}"
+auto_shm_prefix = shm_prefix_for  # the name the launcher's callers know it by
 
 
 class AutoDaemon:
     """A daemon a command starts because none answers at `socket`, stopped when it is done.
 
     Its settings come from the environment and config file as for `serve`, except the
-    socket, and the shm prefix when none is set (`shm_prefix`, else `auto_shm_prefix`).
+    socket, and the shm prefix when `shm_prefix` names one.
     """
 
     def __init__(self, socket: str, shm_prefix: str = "", timeout: float = 60.0) -> None:
@@ -208,19 +218,18 @@ class AutoDaemon:
                 f"Unix socket: start one there with `video-sidecar serve --tcp {socket}` "
                 "(with TLS or --insecure)"
             )
+        denied = permission_denied(path)
+        if denied:
+            raise DaemonStartError(denied)
         self.socket = socket = path
         self.timeout = timeout
         try:
-            config, sources = Config.load_with_sources(
-                {"socket": socket, "shm_prefix": shm_prefix or None}
-            )
+            config = Config.load({"socket": socket, "shm_prefix": shm_prefix or None})
         except ValueError as exc:
             raise DaemonStartError(
                 f"cannot start a daemon on {socket}: bad configuration: {exc}"
             ) from None
-        self.shm_prefix = (
-            auto_shm_prefix(socket) if sources["shm_prefix"] == "default" else config.shm_prefix
-        )
+        self.shm_prefix = config.shm_prefix  # as `serve --socket` derives it, if none is set
         self.daemon = DaemonProcess(socket, shm_prefix=self.shm_prefix)
         self.log_path: Path | None = None
         self.owned = False  # False: another process's daemon answered in the meantime

@@ -27,6 +27,7 @@ import numpy as np
 from client import EncodeResult, SidecarClient, SidecarError, SidecarUnavailable
 
 from ..config_values import format_size
+from ..vocabulary import DEFAULT_CONTAINER, EXTENSION_OF, FileNameError, Wording, file_container
 from .exits import exit_status
 from .launcher import AutoDaemon, DaemonStartError, is_serving
 
@@ -53,7 +54,7 @@ class EncodeCommand:
     pixel_format: str | None = None
     layout: str | None = None
     value_range: tuple[float, float] = (0, 1)
-    container: str = "mp4"
+    container: str = ""  # none named: the one the output's extension says
     audio: str = ""
     sample_rate: int | None = None
     overwrite: bool = False
@@ -187,10 +188,13 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+CLI_WORDS = Wording("-o", "--container", "drop --container")
+
+
 def default_output(source: str, container: str) -> Path:
-    """The input's name with .mp4 (.webm for WebM), in the current directory."""
-    suffix = ".webm" if container == "webm" else ".mp4"
-    return Path(Path(source).with_suffix(suffix).name)
+    """The input's name with its container's extension (.mp4, .webm), in the current
+    directory."""
+    return Path(Path(source).with_suffix(EXTENSION_OF[container or DEFAULT_CONTAINER]).name)
 
 
 class OutputError(Exception):
@@ -205,10 +209,11 @@ class OutputFile:
     permission check). `commit` moves it into place: renamed over an existing file with
     `overwrite`, else linked, which refuses a file that appeared meanwhile."""
 
-    def __init__(self, path: Path, overwrite: bool, source: str) -> None:
+    def __init__(self, path: Path, overwrite: bool, source: str, container: str = "") -> None:
         self.path = path
         self.overwrite = overwrite
         self.source = source
+        self.container = container  # "" until `reserve`: the one the name says
         self.tmp: str | None = None
 
     def reserve(self) -> None:
@@ -224,6 +229,10 @@ class OutputFile:
             raise OutputError(f"output {out} exists; pass --overwrite to replace it")
         if not out.parent.is_dir():
             raise OutputError(f"cannot write {out}: directory {out.parent} does not exist")
+        try:
+            self.container = file_container(str(out), self.container, CLI_WORDS)
+        except FileNameError as exc:
+            raise OutputError(str(exc)) from None
         try:
             fd, self.tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".part", dir=out.parent)
         except OSError as exc:
@@ -274,7 +283,7 @@ def run(cmd: EncodeCommand) -> int:
         print(f"video-sidecar: {exc}", file=sys.stderr)
         return 2
     out = Path(cmd.output) if cmd.output else default_output(cmd.source, cmd.container)
-    output = OutputFile(out, cmd.overwrite, cmd.source)
+    output = OutputFile(out, cmd.overwrite, cmd.source, cmd.container)
     with ExitStack() as stack:
         try:
             output.reserve()
@@ -288,7 +297,7 @@ def run(cmd: EncodeCommand) -> int:
             print(f"video-sidecar: {exc}", file=sys.stderr)
             return 1
         try:
-            result = _encode(cmd, video, audio, stack)
+            result = _encode(cmd, output.container, video, audio, stack)
         except SidecarError as exc:
             print(f"video-sidecar: {type(exc).__name__}: {exc}", file=sys.stderr)
             if isinstance(exc, SidecarUnavailable) and daemon is not None and daemon.owned:
@@ -320,7 +329,9 @@ def _daemon(cmd: EncodeCommand, stack: ExitStack) -> AutoDaemon | None:
     return daemon
 
 
-def _encode(cmd: EncodeCommand, video: Any, audio: Any, stack: ExitStack) -> EncodeResult:
+def _encode(
+    cmd: EncodeCommand, container: str, video: Any, audio: Any, stack: ExitStack
+) -> EncodeResult:
     """The video encoded, with a progress bar; the client's warnings about the input
     said in this command's words once it is done."""
     client = stack.enter_context(SidecarClient(cmd.socket, client_name="cli"))
@@ -335,7 +346,7 @@ def _encode(cmd: EncodeCommand, video: Any, audio: Any, stack: ExitStack) -> Enc
             audio=audio,
             sample_rate=cmd.sample_rate,
             on_progress=bar,
-            container=cmd.container,
+            container=container,
             codec=cmd.codec,
             crf=cmd.crf,
             preset=cmd.preset,
