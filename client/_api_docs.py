@@ -56,7 +56,9 @@ Args:
     audio: PCM, (samples, channels) or (samples,), float32 in [-1, 1] or int16;
         muxed as AAC (MP4) or Opus (WebM), trimmed or padded to the video.
     sample_rate: the audio's rate in Hz; required with `audio`.
-    container: "mp4" (index first), "fmp4" (fragmented MP4) or "webm" (VP9, Opus).
+    container: "mp4" (index first), "fmp4" (fragmented MP4) or "webm" (VP9, Opus);
+        empty: the file's extension says (.mp4, .webm), and bytes are MP4. A file name
+        that disagrees with `container`, or ends otherwise, is refused.
     codec: "h264", "h265" or "av1"; empty for the container's default.
     crf: the encoder's quality (lower is better); None for the codec's default.
     preset: the encoder's speed preset, e.g. "veryfast"; None for the default.

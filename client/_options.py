@@ -45,9 +45,9 @@ class EncodeOptions:
     fps: Fps = 24
     path: str | None = None
     overwrite: bool = False
-    # mp4, fmp4 (fragmented, streamed back) or webm; a file's extension wins over the
-    # default (`wire_container`)
-    container: str = DEFAULT_CONTAINER
+    # mp4, fmp4 (fragmented, streamed back) or webm; "": a file's extension says, else
+    # mp4 (`wire_container`)
+    container: str = ""
     codec: str = ""  # empty: the container's default (h264, or vp9 in WebM)
     crf: int | None = None
     preset: str | None = None
@@ -86,14 +86,14 @@ class EncodeOptions:
 
     def wire_container(self) -> str:
         """The container the request names: `container`, where a file's name agrees with
-        it (the default, mp4, gives way to the file's extension: `path="x.webm"` is WebM).
-        "" names none: a file without extension, which the daemon refuses once it has
-        looked at what is in the way (a directory of that name, say)."""
-        if self.container not in CONTAINERS:
+        it; none given, the file's extension says (`path="x.webm"` is WebM), and bytes are
+        MP4. "" names none: a file without extension, which the daemon refuses once it
+        has looked at what is in the way (a directory of that name, say)."""
+        if self.container and self.container not in CONTAINERS:
             raise InvalidArgument(f"container {self.container!r}: use {', '.join(CONTAINERS)}")
         if self.path is None:
-            return self.container
-        named = "" if self.container == DEFAULT_CONTAINER else self.container
+            return self.container or DEFAULT_CONTAINER
+        named = self.container
         if not extension(self.path):
             return named
         try:

@@ -271,8 +271,13 @@ def _umask() -> int:
 
 def as_flags(message: str) -> str:
     """A client message in this command's words: `value_range=(-1, 1)` is
-    `--value-range -1,1` here."""
-    return re.sub(r"value_range=\(([^,()]+), ([^,()]+)\)", r"--value-range \1,\2", message)
+    `--value-range -1,1` here, `layout='THWC'` is `--layout THWC`, and
+    `pixel_format='yuv420p'` is `--pixel-format yuv420p`."""
+    message = re.sub(r"value_range=\(([^,()]+), ([^,()]+)\)", r"--value-range \1,\2", message)
+    message = re.sub(r"layout='([A-Z]+)'", r"--layout \1", message)
+    message = re.sub(r"layout=([A-Z]+)\b", r"--layout \1", message)
+    message = re.sub(r"(--layout [A-Z]+) or '([A-Z]+)'", r"\1 or --layout \2", message)
+    return re.sub(r"pixel_format='([a-z0-9]+)'", r"--pixel-format \1", message)
 
 
 def run(cmd: EncodeCommand) -> int:
