@@ -34,11 +34,11 @@ from .pipeline.planner import Accepted, Planner
 from .pipeline.processes import EncoderProcesses
 from .pipeline.requests import EncodeSpec, Event, StreamMessage
 from .pipeline.scheduler import Scheduler
-from .pipeline.status import Attachment, Stats, StatusReport
+from .pipeline.status import RELEASE_ALREADY_FREED, Attachment, Stats, StatusReport
 from .pipeline.warm import WarmPool, first_encode
 from .pool.clients import Clients
 from .pool.lease_queue import MAX_REGIONS, LeaseQueue
-from .pool.leases import Lease, LeaseTable, check_tag
+from .pool.leases import Lease, LeaseAlreadyFreed, LeaseTable, check_tag
 from .pool.reaper import reap_expired
 from .pool.shm import SlabSet
 
@@ -229,8 +229,16 @@ class Sidecar:
         """An encode request came, to be taken or refused: `requests` counts them all."""
         self.stats.requests += 1
 
+    def ended(self, status: str) -> None:
+        """An encode request ended with `status` (OK, CANCELLED, or its error's code)."""
+        self.stats.record_end(status)
+
     def record_error(self, error: SidecarError) -> None:
-        self.stats.record_error(error.reason)
+        """A call answered with `error`: counted as an error, or as the routine it is."""
+        if isinstance(error, LeaseAlreadyFreed):
+            self.stats.record_routine(RELEASE_ALREADY_FREED)
+        else:
+            self.stats.record_error(error.reason)
 
     def status(self) -> StatusReport:
         return StatusReport(
@@ -246,6 +254,7 @@ class Sidecar:
             stats=self.stats,
             leases_granted=self.leases.granted,
             leases_expired=self.leases.expired,
+            spares_expired=self.leases.spares_expired,
             warm_hits=self.warm.hits + self.processes.hits,
             warm_misses=self.warm.misses + self.processes.misses,
             process_encodes=self.processes.hits + self.processes.misses,

@@ -240,3 +240,80 @@ def test_status_shows_the_waiters_in_order(make_daemon) -> None:  # type: ignore
         assert len(refused) == 1
         for lease in held:
             holder.release(lease)
+
+
+def _left_for_room(d: Daemon, request_id: str) -> str:
+    """The encode line the daemon logged for `request_id`."""
+    deadline = time.monotonic() + 5
+    while f"request_id={request_id} status=" not in d.log():
+        assert time.monotonic() < deadline, d.log()[-2000:]
+        time.sleep(0.05)
+    return next(x for x in d.log().splitlines() if f"request_id={request_id} status=" in x)
+
+
+@pytest.mark.parametrize("framed", [True, False], ids=["framed", "grpc"])
+def test_streams_of_one_client_left_for_refused_leases_are_each_logged_for_that(  # type: ignore[no-untyped-def]
+    make_daemon, framed: bool
+) -> None:
+    """Two streams of one client, both refused room for their next chunk ("stall"): each
+    is logged RESOURCE_EXHAUSTED, neither CANCELLED, and the client is told the fix."""
+    d = make_daemon(slabs=2, slab_size="8MiB", max_lease_wait=1, framed_socket=framed)
+    chunk = moving_pattern(10, H, W)
+    sent, held_now = threading.Barrier(3), threading.Event()
+    refused: list[BaseException] = []
+
+    def stream(c: SidecarClient, i: int) -> None:
+        try:
+            with c.stream(fps=24, request_id=f"left-{i}") as s:
+                s.write(chunk)
+                sent.wait(10)
+                held_now.wait(10)
+                s.write(chunk)
+        except ResourceExhausted as exc:
+            refused.append(exc)
+
+    with d.client(client_name="holder") as holder, d.client() as c:
+        threads = [threading.Thread(target=stream, args=(c, i)) for i in range(2)]
+        for t in threads:
+            t.start()
+        sent.wait(10)
+        deadline = time.monotonic() + 10
+        while c.status().pool["active_leases"]:  # both first chunks encoded and freed
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        held = [holder.lease(8 * 1024 * 1024) for _ in range(2)]
+        held_now.set()
+        for t in threads:
+            t.join(30)
+        for lease in held:
+            holder.release(lease)
+    assert len(refused) == 2, refused
+    for i in range(2):
+        line = _left_for_room(d, f"left-{i}")
+        assert "status=RESOURCE_EXHAUSTED" in line and "lease wait ran out" in line, line
+    for exc in refused:
+        assert "nothing in the pool moved" in str(exc) and "--max-lease-wait" in str(exc), exc
+
+
+@pytest.mark.parametrize("framed", [True, False], ids=["framed", "grpc"])
+def test_a_wait_for_room_that_ran_out_names_its_fix(make_daemon, framed: bool) -> None:  # type: ignore[no-untyped-def]
+    """A client's own lease_wait over ("wait"): the refusal says what to change."""
+    d = make_daemon(slabs=2, slab_size="8MiB", max_lease_wait=30, framed_socket=framed)
+    chunk = moving_pattern(10, H, W)
+    with d.client(client_name="holder") as holder, d.client(lease_wait=0.5) as c:
+        with (
+            pytest.raises(ResourceExhausted, match="wait of") as err,
+            c.stream(fps=24, request_id="waited") as s,
+        ):
+            s.write(chunk)
+            deadline = time.monotonic() + 10
+            while c.status().pool["active_leases"]:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            held = [holder.lease(8 * 1024 * 1024) for _ in range(2)]
+            s.write(chunk)
+        for lease in held:
+            holder.release(lease)
+    assert "lease_wait" in str(err.value) and "--slabs" in str(err.value), err.value
+    line = _left_for_room(d, "waited")
+    assert "status=RESOURCE_EXHAUSTED" in line and "lease wait ran out" in line, line

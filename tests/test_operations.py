@@ -30,8 +30,8 @@ def test_prometheus_metrics(make_daemon) -> None:
     d = make_daemon(metrics=f"127.0.0.1:{port}")
     with d.client() as c:
         c.encode(moving_pattern(6, 64, 64))
-        with pytest.raises(InvalidArgument, match="height") as info:
-            c.encode(moving_pattern(2, 63, 64))  # odd height: the daemon's INVALID_ARGUMENT
+        with pytest.raises(InvalidArgument, match="output root") as info:
+            c.encode(moving_pattern(2, 64, 64), path="../out.mp4")  # the daemon's refusal
         assert info.value.reason is Reason.INVALID_REQUEST
         held = c.lease(1 << 20)
         text = (

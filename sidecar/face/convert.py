@@ -32,7 +32,7 @@ from ..pipeline.requests import (
     StreamMessage,
     VideoRequest,
 )
-from ..pipeline.status import Attachment, StatusReport
+from ..pipeline.status import RELEASE_ALREADY_FREED, Attachment, StatusReport
 from ..pool.lease_queue import MAX_REGIONS
 from ..pool.leases import Lease
 from ..vocabulary import CONTAINER_BY_PROTO, PIXEL_FORMAT_BY_PROTO, SAMPLE_FORMAT_BY_PROTO
@@ -269,6 +269,9 @@ def status_to_proto(s: StatusReport, errors_by_code: dict[str, int]) -> pb.Statu
             lease_waits=s.lease_queue.waits,
             lease_wait_s=s.lease_queue.wait_s,
             lease_refusals=dict(s.lease_queue.refusals),
+            encodes_cancelled=s.stats.encodes_cancelled,
+            releases_already_freed=s.stats.routine[RELEASE_ALREADY_FREED],
+            spares_expired=s.spares_expired,
         ),
         lease_waiters=[
             pb.LeaseWaiter(client=w.client, bytes=w.nbytes, regions=w.regions, waited_s=w.waited_s)

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..errors import StartupError
+from ..pipeline.status import RELEASE_ALREADY_FREED
 from .status_codes import STATUS_OF, errors_by_code
 
 if TYPE_CHECKING:
@@ -145,3 +146,12 @@ class _StateCollector:
         for code, count in sorted(counts.items()):
             errors.add_metric([code], count)
         yield errors
+        routine = core.CounterMetricFamily(
+            "video_sidecar_routine",
+            "Routine outcomes, not errors: releases of leases the daemon had freed itself "
+            "(answered NOT_FOUND, which clients take as done), spares left unused",
+            labels=["kind"],
+        )
+        routine.add_metric([RELEASE_ALREADY_FREED], s.stats.routine[RELEASE_ALREADY_FREED])
+        routine.add_metric(["spare_expired"], s.spares_expired)
+        yield routine

@@ -63,7 +63,8 @@ class Outcomes:
     async def relay(
         self, encode: EncodeCall, end: CallEnd, when_sent: Callable[[Callable[[], None]], None]
     ) -> AsyncIterator[Progress | Chunk | Result]:
-        """An encode's domain events, its log line and metrics. A domain error is raised
+        """An encode's domain events, its log line, metrics and count among the totals
+        (once, by how it ended; a result before it goes out). A domain error is raised
         once recorded (a stop by the call's deadline as that, see `CallEnd.why`), and a
         bug of ours as EncodeFailed: the caller sends it, as a status or a reply. A
         result's `after` goes to `when_sent`, which runs it once the answer has gone out."""
@@ -71,11 +72,16 @@ class Outcomes:
         self.sidecar.received()
         outcome = "CANCELLED"  # ended before its result: the client went away
         error = ""
-        frames = size = 0
+        frames = size = 0  # frames: encoded so far, as its progress said, until its result
+        counted = False  # its end counted in the totals (a result: before it goes out)
         try:
             async for event in encode.events(end.event()):
-                if isinstance(event, Result):
+                if isinstance(event, Progress):
+                    frames = max(frames, event.frames_done)
+                elif isinstance(event, Result):
                     outcome, frames, size = "OK", event.frames, event.size_bytes
+                    self.sidecar.ended(outcome)
+                    counted = True
                     if event.after is not None:
                         when_sent(event.after)
                 yield event
@@ -101,6 +107,8 @@ class Outcomes:
             room = self.sidecar.left_for_room.pop(request_id, None)
             if outcome == "CANCELLED" and room is not None:
                 outcome, error = "RESOURCE_EXHAUSTED", f"its client's lease wait ran out: {room}"
+            if not counted:
+                self.sidecar.ended(outcome)
             report = functools.partial(
                 self._report, request_id, outcome, error, frames, size, encode.received_at
             )

@@ -93,7 +93,6 @@ class Encodes:
                     # left behind.
                     self._parts.activity.ended(token, accepted.spec.request_id)
                     job.stop()
-                    self._parts.stats.encodes_failed += 1
                     with contextlib.suppress(BaseException):
                         await asyncio.shield(runner)
                 raise

@@ -25,22 +25,44 @@ class Attachment:
     max_lease_wait: float
 
 
+# Routine outcomes, counted apart from errors: a client's release of a lease the daemon
+# had freed itself (answered NOT_FOUND, which the client takes as done).
+RELEASE_ALREADY_FREED = "release_already_freed"
+
+
 @dataclass
 class Stats:
+    """Every encode request counted once where it ends, by how: `requests` is
+    `encodes_ok` + `encodes_failed` + those still in flight; `encodes_cancelled` are the
+    failed ones whose client went away."""
+
     requests: int = 0
     encodes_ok: int = 0
-    encodes_failed: int = 0
+    encodes_failed: int = 0  # refused, failed, stopped by a deadline, or cancelled
+    encodes_cancelled: int = 0
     frames_encoded: int = 0
     bytes_out: int = 0
     errors: Counter[Reason] = field(default_factory=Counter)
+    routine: Counter[str] = field(default_factory=Counter)
 
     def record_success(self, frames: int, size_bytes: int) -> None:
-        self.encodes_ok += 1
         self.frames_encoded += frames
         self.bytes_out += size_bytes
 
+    def record_end(self, status: str) -> None:
+        """A request ended with `status` (a gRPC status code's name, as its log line says)."""
+        if status == "OK":
+            self.encodes_ok += 1
+            return
+        self.encodes_failed += 1
+        if status == "CANCELLED":
+            self.encodes_cancelled += 1
+
     def record_error(self, reason: Reason) -> None:
         self.errors[reason] += 1
+
+    def record_routine(self, kind: str) -> None:
+        self.routine[kind] += 1
 
 
 @dataclass(frozen=True)
@@ -56,6 +78,7 @@ class StatusReport:
     stats: Stats
     leases_granted: int
     leases_expired: int
+    spares_expired: int = 0  # of leases_expired, spares left unused: routine
     encoder_processes: int = 0
     warm_hits: int = 0
     warm_misses: int = 0

@@ -35,6 +35,19 @@ log = logging.getLogger(__name__)
 
 MAX_REGIONS = 1024  # regions in one request, counted before anything is built from them
 
+# What a refused request's client can do about it, by why it was refused.
+FIXES = {
+    "stall": (
+        "give back leases you hold (taken with lease() and kept), stop a client that hangs "
+        "holding them, or start the daemon with a larger pool (--slabs, --slab-size) or a "
+        "longer --max-lease-wait"
+    ),
+    "wait": (
+        "let the request wait longer (its timeout, or the client's lease_wait), send from "
+        "fewer clients at once, or start the daemon with a larger pool (--slabs, --slab-size)"
+    ),
+}
+
 
 @dataclass(eq=False)
 class Waiter:
@@ -211,18 +224,20 @@ class LeaseQueue:
                 "pool_total": usage.total_bytes,
             },
         )
-        held = (
-            f"{STALL_TEXT} for {self.max_wait:g} s (its memory is held by clients that "
-            "are not using it)"
-            if why == "stall"
-            else f"the wait of {waited:.1f} s is over"
-        )
         return PoolExhausted(
-            f"no room for {waiter.nbytes} bytes in {len(waiter.sizes)} region(s): {held}; "
-            f"{usage.leased_bytes} of {usage.total_bytes} bytes leased, position {position} "
-            f"of {len(self._waiters)} in the queue. Fix: give back leases you hold, or start "
-            "the daemon with a larger pool (--slabs, --slab-size)"
+            f"no room for {waiter.nbytes} bytes in {len(waiter.sizes)} region(s): "
+            f"{self._why(why, waited)}; {usage.leased_bytes} of {usage.total_bytes} bytes "
+            f"leased, position {position} of {len(self._waiters)} in the queue. "
+            f"Fix: {FIXES[why]}"
         )
+
+    def _why(self, why: str, waited: float) -> str:
+        if why == "stall":
+            return (
+                f"{STALL_TEXT} for {self.max_wait:g} s (its memory is held by clients that "
+                "are not using it)"
+            )
+        return f"the wait of {waited:.1f} s is over"
 
     def _position(self, waiter: Waiter) -> int:
         for i, other in enumerate(self._waiters, 1):

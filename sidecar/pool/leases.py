@@ -31,6 +31,7 @@ import re
 import secrets
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -42,6 +43,7 @@ from .tags import LeaseTags
 # request or not at all, and an idle client's spare should not keep a waiter out for long.
 SPARE_TTL = 4.0
 TAG = re.compile(r"[A-Za-z0-9_-]{1,64}")
+MAX_FREED = 4096  # leases the daemon freed itself, remembered to tell a late release apart
 
 
 def check_tag(tag: str) -> None:
@@ -78,6 +80,33 @@ class PoolUsage:
     largest_free: int
 
 
+class LeaseAlreadyFreed(LeaseNotFound):
+    """A release of a lease the daemon freed itself (its encode consumed it, or it was a
+    spare left unused): answered as any lease it does not know, NOT_FOUND, which the
+    client takes as done, but counted as the routine it is, not as an error."""
+
+
+class Freed:
+    """The latest leases the daemon freed itself, by id, with their owners."""
+
+    def __init__(self) -> None:
+        self._owners: OrderedDict[str, str] = OrderedDict()
+
+    def add(self, lease: Lease) -> None:
+        self._owners[lease.id] = lease.owner
+        if len(self._owners) > MAX_FREED:
+            self._owners.popitem(last=False)
+
+    def check(self, owner: str, lease_id: str) -> None:
+        """Raise LeaseAlreadyFreed if the daemon freed `owner`'s lease `lease_id`."""
+        known = self._owners.get(lease_id)
+        if known is not None and secrets.compare_digest(known, owner):
+            raise LeaseAlreadyFreed(
+                f"lease {lease_id[:40]!r} was already freed (its frames were encoded, or "
+                "it was a spare left unused): nothing to release"
+            )
+
+
 class LeaseTable:
     """Grants aligned regions of fixed-size slabs as leases with a TTL."""
 
@@ -103,6 +132,8 @@ class LeaseTable:
         self.on_free = on_free
         self.granted = 0
         self.expired = 0
+        self.spares_expired = 0  # of those, spares left unused: routine
+        self._freed = Freed()
 
     # -- granting and giving back --------------------------------------------------------
 
@@ -183,6 +214,8 @@ class LeaseTable:
     def release(self, owner: str, lease_id: str) -> None:
         """Give back a lease; one an encode holds is freed when the encode lets go."""
         with self._lock:
+            if lease_id not in self._leases:
+                self._freed.check(owner, lease_id)
             freed = self._let_go(self._get(owner, lease_id))
         if freed:
             self._notify()
@@ -221,7 +254,7 @@ class LeaseTable:
                 if self._leases.get(lease.id) is not lease:
                     continue
                 if lease.released:
-                    self._drop(lease)
+                    self._drop(lease, freed=True)
                     freed = True
                 else:
                     lease.encoding = False
@@ -246,7 +279,7 @@ class LeaseTable:
         with self._lock:
             for lease in leases:
                 if self._leases.get(lease.id) is lease:
-                    self._drop(lease)
+                    self._drop(lease, freed=True)
                     freed = True
         if freed:
             self._notify()
@@ -263,8 +296,9 @@ class LeaseTable:
                 if not lease.encoding and lease.expires_at <= now
             ]
             for lease in stale:
-                self._drop(lease)
+                self._drop(lease, freed=lease.spare)
             self.expired += len(stale)
+            self.spares_expired += sum(lease.spare for lease in stale)
             self._tags.forget(now)
         if stale:
             self._notify()
@@ -314,8 +348,11 @@ class LeaseTable:
         self._drop(lease)
         return True
 
-    def _drop(self, lease: Lease) -> None:
+    def _drop(self, lease: Lease, *, freed: bool = False) -> None:
+        """Out of the table; `freed`: by the daemon itself, its client's release routine."""
         del self._leases[lease.id]
+        if freed:
+            self._freed.add(lease)
         if lease.tag:
             self._tags.remove(lease)
         mine = self._by_owner[lease.owner]

@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import logs
 from ..config import Config
@@ -141,13 +141,8 @@ def status(args: argparse.Namespace) -> int:
         f"limit {report.max_concurrent_encodes}"
     )
     c = report.counters
-    print(
-        f"totals   {c.get('requests', 0)} requests, {c.get('encodes_ok', 0)} ok, "
-        f"{c.get('encodes_failed', 0)} failed, {c.get('frames_encoded', 0)} frames, "
-        f"{c.get('leases_expired', 0)} leases expired"
-    )
-    if c.get("errors"):
-        print("errors   " + ", ".join(f"{k}={v}" for k, v in sorted(c["errors"].items())))
+    for line in _counter_lines(c):
+        print(line)
     refused = ", ".join(f"{k}={v}" for k, v in sorted(c.get("lease_refusals", {}).items()))
     print(
         f"leases   {c.get('lease_waits', 0)} waited for room, "
@@ -159,6 +154,28 @@ def status(args: argparse.Namespace) -> int:
             f"region(s), {w['waited_s']:.1f}s"
         )
     return 0
+
+
+def _counter_lines(c: dict[str, Any]) -> list[str]:
+    """The totals, each request under one label so that they add up; errors, and the
+    routine outcomes apart from them."""
+    requests, ok, failed = c.get("requests", 0), c.get("encodes_ok", 0), c.get("encodes_failed", 0)
+    cancelled = c.get("encodes_cancelled", 0)
+    expired, spares = c.get("leases_expired", 0), c.get("spares_expired", 0)
+    lines = [
+        f"totals   {requests} requests: {ok} ok, {failed - cancelled} failed, {cancelled} "
+        f"cancelled, {max(0, requests - ok - failed)} in flight; "
+        f"{c.get('frames_encoded', 0)} frames, {expired - spares} leases expired"
+    ]
+    if c.get("errors"):
+        lines.append("errors   " + ", ".join(f"{k}={v}" for k, v in sorted(c["errors"].items())))
+    freed = c.get("releases_already_freed", 0)
+    if freed or spares:
+        lines.append(
+            f"routine  {freed} release{'s' if freed != 1 else ''} of leases already freed, "
+            f"{spares} spare lease{'s' if spares != 1 else ''} left unused"
+        )
+    return lines
 
 
 def config(args: argparse.Namespace) -> int:

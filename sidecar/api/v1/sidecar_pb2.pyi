@@ -506,7 +506,7 @@ class PoolStatus(_message.Message):
     def __init__(self, slabs: _Optional[int] = ..., slab_size: _Optional[int] = ..., total_bytes: _Optional[int] = ..., leased_bytes: _Optional[int] = ..., active_leases: _Optional[int] = ..., largest_free: _Optional[int] = ...) -> None: ...
 
 class Counters(_message.Message):
-    __slots__ = ("requests", "encodes_ok", "encodes_failed", "frames_encoded", "bytes_out", "leases_granted", "leases_expired", "errors", "warm_hits", "warm_misses", "process_encodes", "lease_waits", "lease_wait_s", "lease_refusals")
+    __slots__ = ("requests", "encodes_ok", "encodes_failed", "frames_encoded", "bytes_out", "leases_granted", "leases_expired", "errors", "warm_hits", "warm_misses", "process_encodes", "lease_waits", "lease_wait_s", "lease_refusals", "encodes_cancelled", "releases_already_freed", "spares_expired")
     class ErrorsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -535,6 +535,9 @@ class Counters(_message.Message):
     LEASE_WAITS_FIELD_NUMBER: _ClassVar[int]
     LEASE_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     LEASE_REFUSALS_FIELD_NUMBER: _ClassVar[int]
+    ENCODES_CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    RELEASES_ALREADY_FREED_FIELD_NUMBER: _ClassVar[int]
+    SPARES_EXPIRED_FIELD_NUMBER: _ClassVar[int]
     requests: int
     encodes_ok: int
     encodes_failed: int
@@ -549,7 +552,10 @@ class Counters(_message.Message):
     lease_waits: int
     lease_wait_s: float
     lease_refusals: _containers.ScalarMap[str, int]
-    def __init__(self, requests: _Optional[int] = ..., encodes_ok: _Optional[int] = ..., encodes_failed: _Optional[int] = ..., frames_encoded: _Optional[int] = ..., bytes_out: _Optional[int] = ..., leases_granted: _Optional[int] = ..., leases_expired: _Optional[int] = ..., errors: _Optional[_Mapping[str, int]] = ..., warm_hits: _Optional[int] = ..., warm_misses: _Optional[int] = ..., process_encodes: _Optional[int] = ..., lease_waits: _Optional[int] = ..., lease_wait_s: _Optional[float] = ..., lease_refusals: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    encodes_cancelled: int
+    releases_already_freed: int
+    spares_expired: int
+    def __init__(self, requests: _Optional[int] = ..., encodes_ok: _Optional[int] = ..., encodes_failed: _Optional[int] = ..., frames_encoded: _Optional[int] = ..., bytes_out: _Optional[int] = ..., leases_granted: _Optional[int] = ..., leases_expired: _Optional[int] = ..., errors: _Optional[_Mapping[str, int]] = ..., warm_hits: _Optional[int] = ..., warm_misses: _Optional[int] = ..., process_encodes: _Optional[int] = ..., lease_waits: _Optional[int] = ..., lease_wait_s: _Optional[float] = ..., lease_refusals: _Optional[_Mapping[str, int]] = ..., encodes_cancelled: _Optional[int] = ..., releases_already_freed: _Optional[int] = ..., spares_expired: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
     __slots__ = ("server_version", "instance_id", "uptime_s", "pool", "active_encodes", "queued_encodes", "max_concurrent_encodes", "clients", "counters", "encoder_processes", "lease_waiters")
