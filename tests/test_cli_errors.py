@@ -183,6 +183,13 @@ def test_value_range_takes_a_negative_value_after_a_space(daemon: Daemon, tmp_pa
 # -- 3. inputs ---------------------------------------------------------------------------
 
 
+def test_a_layout_hint_is_given_as_a_flag(daemon: Daemon, tmp_path: Path) -> None:
+    """The client names `layout='CTHW'`; the command line says `--layout CTHW`."""
+    np.save(tmp_path / "two.npy", np.zeros((4, 256, 448, 2), np.uint8))
+    line = one_line_error(cli(["encode", "two.npy", "--socket", daemon.socket], tmp_path))
+    assert "--layout CTHW" in line and "layout=" not in line, line
+
+
 def test_a_file_that_is_not_an_array_says_what_is_accepted(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("hello")
     (tmp_path / "fake.npy").write_text("hello")

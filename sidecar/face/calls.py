@@ -43,6 +43,7 @@ class CallEnd:
     def __init__(self, remaining: float | None = None) -> None:
         self.ended = False
         self._current: threading.Event | None = None
+        self._context: grpc.aio.ServicerContext | None = None
         loop = asyncio.get_running_loop()
         # When the call's deadline falls, on the loop's clock (None: no deadline).
         self._deadline_at = None if remaining is None else loop.time() + max(0.0, remaining)
@@ -54,8 +55,15 @@ class CallEnd:
     def of(cls, context: grpc.aio.ServicerContext) -> CallEnd:
         """Ended by the gRPC call's end or its deadline."""
         end = cls(context.time_remaining())
+        end._context = context
         context.add_done_callback(lambda _context: end.end())
         return end
+
+    def left(self) -> bool:
+        """Whether the call has ended, as far as gRPC has told it yet: its done callback
+        may come only after the handler."""
+        context = self._context
+        return self.ended or (context is not None and (context.cancelled() or context.done()))
 
     def event(self) -> threading.Event:
         """The next encode's stop event; already set once the call has ended."""

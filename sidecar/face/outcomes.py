@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import Cancelled, EncodeFailed, InvalidRequest, SidecarError
+from ..errors import Cancelled, EncodeFailed, InvalidRequest, LeaseNotFound, SidecarError
 from ..events import Chunk, Progress
 from ..pipeline.requests import Result
 from ..service import Sidecar
@@ -86,7 +86,7 @@ class Outcomes:
                         when_sent(event.after)
                 yield event
         except SidecarError as exc:
-            answer = end.why(exc)
+            answer = end.why(await _left_first(exc, end))
             outcome = status_of(answer).name
             error = str(answer)
             if answer is exc:
@@ -141,3 +141,17 @@ class Outcomes:
         )
         if self.observer is not None:
             self.observer(outcome, seconds, frames, size)
+
+
+async def _left_first(exc: SidecarError, end: CallEnd) -> SidecarError:
+    """`exc`, or a cancel where the client left first: a client that leaves a stream gives
+    back the leases it took, and its Release may overtake a chunk naming one that gRPC
+    had received but the stream had not yet read, while the call's cancel is still on
+    its way here. So a lease not found waits up to 0.1 s to tell which."""
+    if not isinstance(exc, LeaseNotFound):
+        return exc
+    for _ in range(20):
+        if end.left():
+            return Cancelled("cancelled by the client")
+        await asyncio.sleep(0.005)
+    return exc

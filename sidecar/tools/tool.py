@@ -304,7 +304,7 @@ def run(cmd: EncodeCommand) -> int:
         try:
             result = _encode(cmd, output.container, video, audio, stack)
         except SidecarError as exc:
-            print(f"video-sidecar: {type(exc).__name__}: {exc}", file=sys.stderr)
+            print(f"video-sidecar: {type(exc).__name__}: {as_flags(str(exc))}", file=sys.stderr)
             if isinstance(exc, SidecarUnavailable) and daemon is not None and daemon.owned:
                 print(f"video-sidecar: the daemon's log: {daemon.log_path}", file=sys.stderr)
             return exit_status(exc)
