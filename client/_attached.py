@@ -79,16 +79,11 @@ class AttachedCore:
 
     # -- what this daemon and client serve -----------------------------------------------
 
-    def one_reply_way(self, deadline: float | None) -> WayName:
-        """The cheapest way served now for a request answered in one reply: "Framed" (the
-        framed socket), "EncodeSession" (a kept call; it has no per-request deadline, so
-        only without one), "EncodeOnce", or "Encode" when the daemon has none of them.
-        `choose_way` asks it when its choice turns on it."""
-        if self.framed:
-            return WayName.FRAMED
-        if deadline is None and WayName.SESSION in self._grpc_ways:
-            return WayName.SESSION
-        return WayName.ONCE if WayName.ONCE in self._grpc_ways else WayName.REPLIES
+    def served_ways(self) -> frozenset[WayName]:
+        """The one-reply ways served now: the framed socket while it is in reach, and
+        the gRPC ways this daemon has not refused. `choose_way` picks among them."""
+        framed = {WayName.FRAMED} if self.framed else set()
+        return frozenset(framed | self._grpc_ways)
 
     def serves(self, way: WayName) -> bool:
         """Whether `way` is still served: not refused, nor out of reach, since chosen."""

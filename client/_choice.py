@@ -45,10 +45,24 @@ class SendFacts:
     wants_events: bool
     # The output cannot outgrow one gRPC reply: written to a file, or a short clip.
     small: bool
-    # The cheapest one-reply way this daemon and client serve now, for this deadline:
-    # FRAMED, SESSION, ONCE, or REPLIES when none (`ClientCore.one_reply_way`). Asked
-    # only when the choice turns on it.
-    offered: Callable[[], WayName]
+    # The request carries a deadline, which a request on a kept session cannot.
+    has_deadline: bool
+    # The one-reply ways this daemon and client serve now (`ClientCore.served_ways`):
+    # read at each choice, since a way may be refused or lost between two.
+    served: Callable[[], frozenset[WayName]]
+
+
+# The ways a request answered in one reply may take, cheapest first.
+ONE_REPLY_WAYS = (WayName.FRAMED, WayName.SESSION, WayName.ONCE)
+
+
+def one_reply_way(served: frozenset[WayName], has_deadline: bool) -> WayName:
+    """The cheapest one-reply way served, for a request with or without a deadline;
+    REPLIES (a reply stream, which every daemon serves) when none is."""
+    for way in ONE_REPLY_WAYS:
+        if way in served and not (way is WayName.SESSION and has_deadline):
+            return way
+    return WayName.REPLIES
 
 
 def choose_way(facts: SendFacts) -> WayName:
@@ -60,7 +74,7 @@ def choose_way(facts: SendFacts) -> WayName:
         return WayName.STREAM
     if facts.wants_events:
         return WayName.REPLIES
-    offered = facts.offered()
+    offered = one_reply_way(facts.served(), facts.has_deadline)
     if offered is WayName.FRAMED:  # no reply size to keep under
         return offered
     if not facts.small:  # its output may not fit one gRPC reply

@@ -277,7 +277,9 @@ class CudaVideo:
                 with torch.cuda.stream(self._side):
                     if not overlap:
                         out = self._convert(self.frames_thwc[first:last], shape)
-                    dst[first - start : last - start].copy_(out, non_blocking=True)
+                    part = dst[first - start : last - start]
+                    # gray's channel axis of 1 goes: a view
+                    part.copy_(out.reshape(part.shape), non_blocking=True)
                     if self._marked:
                         landed = torch.cuda.Event()
                         landed.record(self._side)

@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from sidecar.api.v1 import sidecar_pb2 as pb
 
 from ._audio import prepare_audio
-from ._choice import SendFacts, WayName, choose_way
+from ._choice import SendFacts, choose_way
 from ._core import ClientCore
 from ._encode import (
     ChunkCallback,
@@ -28,11 +28,6 @@ from ._results import Clock, ResultBuilder
 from ._steps import Steps
 from ._types import EncodeResult, FrameRange
 from ._ways import REQUEST_WAYS, WAYS
-
-
-def offered(core: ClientCore, timeout: float | None) -> Callable[[], WayName]:
-    """The cheapest one-reply way served, asked of the core when the choice needs it."""
-    return lambda: WayName(core.one_reply_way(timeout or core.timeout))
 
 
 def request_way(facts: SendFacts) -> RequestWay:
@@ -61,7 +56,8 @@ def encode(
         fits_in_pool=fits_in_pool(plan, source.frame_bytes, att),
         wants_events=on_progress is not None or on_chunk is not None,
         small=small_output(options, source),
-        offered=offered(core, timeout),
+        has_deadline=(timeout or core.timeout) is not None,
+        served=core.served_ways,
     )
     rechoose = functools.partial(request_way, facts)
     job = EncodeJob(source, options, fmt, pcm, clock, timeout, on_progress, on_chunk, rechoose)
@@ -98,7 +94,8 @@ def send_request(
         fits_in_pool=True,
         wants_events=builder.wants_events,
         small=small,
-        offered=offered(core, timeout),
+        has_deadline=(timeout or core.timeout) is not None,
+        served=core.served_ways,
     )
     deadline = timeout or core.timeout
     rechoose = functools.partial(request_way, facts)

@@ -13,7 +13,6 @@ The client never imports torch itself: a tensor is recognised by its type's modu
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import warnings
@@ -88,15 +87,12 @@ def is_torch_tensor(obj: Any) -> bool:
 
 
 def frame_shape(pixel_format: str, width: int, height: int) -> tuple[int, ...]:
-    """One frame as it lies in a lease: packed (H, W, C), or 4:2:0 planes as (H*3/2, W)."""
-    fmt = PIXEL_FORMATS[pixel_format]
-    if fmt.planar420:
-        return (height * 3 // 2, width)
-    return (height, width, fmt.channels)
+    """One frame as it lies in a lease: the vocabulary's rule, which the daemon reads by."""
+    return PIXEL_FORMATS[pixel_format].frame_shape(width, height)
 
 
 def frame_bytes(pixel_format: str, width: int, height: int) -> int:
-    return math.prod(frame_shape(pixel_format, width, height))
+    return PIXEL_FORMATS[pixel_format].frame_bytes(width, height)
 
 
 @dataclass
@@ -170,10 +166,12 @@ class ArrayVideo:
         for first in range(start, start + count, step):
             last = min(first + step, start + count)
             out = self.conversion.apply(self.frames_thwc[first:last], self.ops)
+            part = dst[first - start : last - start]
+            out = out.reshape(part.shape)  # gray's channel axis of 1 goes: a view
             if self.ops.torch is not None:
-                dst[first - start : last - start].copy_(out)
+                part.copy_(out)
             else:
-                np.copyto(dst[first - start : last - start], out, casting="no")
+                np.copyto(part, out, casting="no")
 
     def finish(self) -> None:
         pass

@@ -71,6 +71,30 @@ class PixelFormat:
     channels: int
     planar420: bool = False
 
+    # The one rule for a frame's shape, kept by the client when it fills a lease and by
+    # the daemon when it reads one: 4:2:0 planes as one (H*3/2, W) array, gray as (H, W),
+    # the other packed formats as (H, W, C). It is also the shape PyAV reads a frame in.
+
+    def rows(self, height: int) -> int:
+        """Rows of the frame array: 4:2:0 formats are one (H*3/2, W) array."""
+        return height * 3 // 2 if self.planar420 else height
+
+    def row_bytes(self, width: int) -> int:
+        return width * self.channels
+
+    def frame_bytes(self, width: int, height: int, row_stride: int = 0) -> int:
+        return self.rows(height) * (row_stride or self.row_bytes(width))
+
+    def frame_shape(self, width: int, height: int) -> tuple[int, ...]:
+        if self.channels == 1:  # gray and 4:2:0: one byte a sample, no channel axis
+            return (self.rows(height), width)
+        return (height, width, self.channels)
+
+    def frame_strides(self, row_stride: int) -> tuple[int, ...]:
+        if self.channels == 1:
+            return (row_stride, 1)
+        return (row_stride, self.channels, 1)
+
 
 PIXEL_FORMATS: dict[str, PixelFormat] = {
     f.name: f
@@ -98,6 +122,23 @@ CONTAINER_BY_PROTO: dict[int, str] = {
     pb.CONTAINER_UNSPECIFIED: "",
     **{value: name for name, value in CONTAINERS.items()},
 }
+
+# Previews' image formats and frame picks by their wire names ("": the default).
+IMAGE_FORMAT_BY_PROTO: dict[int, str] = {
+    pb.IMAGE_FORMAT_UNSPECIFIED: "",
+    pb.IMAGE_FORMAT_JPEG: "jpeg",
+    pb.IMAGE_FORMAT_WEBP: "webp",
+}
+IMAGE_FORMATS: dict[str, int] = {
+    name: value for value, name in IMAGE_FORMAT_BY_PROTO.items() if name
+}
+FRAME_PICK_BY_PROTO: dict[int, str] = {
+    pb.FRAME_PICK_UNSPECIFIED: "",
+    pb.FRAME_PICK_FIRST: "first",
+    pb.FRAME_PICK_MIDDLE: "middle",
+    pb.FRAME_PICK_LAST: "last",
+}
+FRAME_PICKS: dict[str, int] = {name: value for value, name in FRAME_PICK_BY_PROTO.items() if name}
 
 # A file's extension says its container: the one a file output is written in when none is
 # named (the first of its row), and those that may be named for it. One table for the

@@ -199,18 +199,18 @@ class RawFramed:
 
 
 def recorded_ways(monkeypatch: Any) -> list[str]:
-    """The one-reply way the client picks for each encode from now on (pytest's
-    `monkeypatch` undoes the recording after the test)."""
-    from client._core import ClientCore
+    """The one-reply way the client's chooser offers for each encode from now on, where
+    its choice turns on it (pytest's `monkeypatch` undoes the recording after the test)."""
+    from client import _choice
 
     ways: list[str] = []
-    choose = ClientCore.one_reply_way
+    pick = _choice.one_reply_way
 
-    def recording(self: ClientCore, deadline: float | None) -> str:
-        ways.append(choose(self, deadline))
+    def recording(served: frozenset[_choice.WayName], has_deadline: bool) -> str:
+        ways.append(pick(served, has_deadline))
         return ways[-1]
 
-    monkeypatch.setattr(ClientCore, "one_reply_way", recording)
+    monkeypatch.setattr(_choice, "one_reply_way", recording)
     return ways
 
 

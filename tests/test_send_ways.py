@@ -12,7 +12,7 @@ import pytest
 
 from client import SidecarClient
 from client import _steps as ops
-from client._choice import SendFacts, WayName, choose_way
+from client._choice import SendFacts, WayName, choose_way, one_reply_way
 from client._core import ClientCore
 from client.patterns import moving_pattern
 from sidecar.api.v1 import sidecar_pb2 as pb
@@ -28,28 +28,40 @@ FRAMED, SESSION, ONCE, REPLIES, STREAM = (
 )
 
 
-def _never_asked() -> WayName:
-    raise AssertionError("the offer was asked, though the choice does not turn on it")
+def _never_asked() -> frozenset[WayName]:
+    raise AssertionError("the ways served were asked, though the choice does not turn on them")
 
 
 def facts(
-    offered: WayName | None,
+    served: frozenset[WayName] | None,
     *,
     mapped: bool = True,
     fits: bool = True,
     events: bool = False,
     small: bool = True,
+    deadline: bool = False,
 ) -> SendFacts:
-    """Facts whose offer is `offered`; None: the choice must not ask for it."""
-    offer = _never_asked if offered is None else lambda: offered
+    """Facts whose one-reply ways served are `served`; None: the choice must not ask."""
     return SendFacts(
-        slabs_mapped=mapped, fits_in_pool=fits, wants_events=events, small=small, offered=offer
+        slabs_mapped=mapped,
+        fits_in_pool=fits,
+        wants_events=events,
+        small=small,
+        has_deadline=deadline,
+        served=_never_asked if served is None else lambda: served,
     )
 
 
-# The chooser's table: (the offer, or None where the choice must not ask for it; whether
-# the slabs are mapped; whether the video fits the pool; events asked for; a small
-# output) and the way it must pick.
+# The one-reply ways a daemon serves: all three, an older one without the framed socket
+# or sessions, and one with none of them.
+ALL = frozenset({FRAMED, SESSION, ONCE})
+GRPC = frozenset({SESSION, ONCE})
+ONLY_ONCE = frozenset({ONCE})
+NONE = frozenset[WayName]()
+
+# The chooser's table: (the one-reply ways served, or None where the choice must not ask
+# for them; whether the slabs are mapped; whether the video fits the pool; events asked
+# for; a small output) and the way it must pick.
 TABLE = [
     # Frames sent inline, or too many to lease at once: a stream, whatever else holds.
     (None, False, True, False, True, STREAM),
@@ -60,36 +72,42 @@ TABLE = [
     (None, True, True, True, True, REPLIES),
     (None, True, True, True, False, REPLIES),
     # The framed socket takes any output in one reply.
-    (FRAMED, True, True, False, True, FRAMED),
-    (FRAMED, True, True, False, False, FRAMED),
+    (ALL, True, True, False, True, FRAMED),
+    (ALL, True, True, False, False, FRAMED),
     # gRPC one-reply ways only for outputs that cannot outgrow one reply.
-    (SESSION, True, True, False, True, SESSION),
-    (SESSION, True, True, False, False, REPLIES),
-    (ONCE, True, True, False, True, ONCE),
-    (ONCE, True, True, False, False, REPLIES),
+    (GRPC, True, True, False, True, SESSION),
+    (GRPC, True, True, False, False, REPLIES),
+    (ONLY_ONCE, True, True, False, True, ONCE),
+    (ONLY_ONCE, True, True, False, False, REPLIES),
     # A daemon with none of them.
-    (REPLIES, True, True, False, True, REPLIES),
-    (REPLIES, True, True, False, False, REPLIES),
+    (NONE, True, True, False, True, REPLIES),
+    (NONE, True, True, False, False, REPLIES),
 ]
 
 
 def _row_id(row: tuple[Any, ...]) -> str:
-    offered, mapped, fits, events, small, expected = row
+    served, mapped, fits, events, small, expected = row
     said = [
         "inline" if not mapped else "",
         "over-pool" if not fits else "",
         "events" if events else "",
         "small" if small else "large",
-        f"offer={offered.value}" if offered else "",
+        "" if served is None else f"served={'+'.join(sorted(w.value for w in served)) or 'none'}",
     ]
     return f"{'-'.join(word for word in said if word)}->{expected.value}"
 
 
 @pytest.mark.parametrize("row", TABLE, ids=[_row_id(row) for row in TABLE])
 def test_the_chooser_picks_by_the_table(row: tuple[Any, ...]) -> None:
-    offered, mapped, fits, events, small, expected = row
-    case = facts(offered, mapped=mapped, fits=fits, events=events, small=small)
+    served, mapped, fits, events, small, expected = row
+    case = facts(served, mapped=mapped, fits=fits, events=events, small=small)
     assert choose_way(case) is expected
+
+
+def test_a_deadline_passes_over_the_kept_session() -> None:
+    # A request on a kept session cannot carry a deadline.
+    assert choose_way(facts(GRPC, deadline=True)) is ONCE
+    assert choose_way(facts(ALL, deadline=True)) is FRAMED
 
 
 def _core(*, sessions: bool = True) -> ClientCore:
@@ -123,7 +141,7 @@ def test_the_offer_is_the_cheapest_one_reply_way_served(
     core.framed = framed
     for way in refused:
         core.unimplemented(way, "older daemon")
-    assert core.one_reply_way(deadline) is expected
+    assert one_reply_way(core.served_ways(), deadline is not None) is expected
     assert core.serves(expected)
     assert not any(core.serves(way) for way in refused)
 
@@ -133,7 +151,7 @@ def test_a_framed_socket_out_of_reach_is_no_longer_offered() -> None:
     core.framed = "/run/x.sock.framed"
     core.unimplemented(FRAMED, "no such file")
     assert core.framed == "" and not core.serves(FRAMED)
-    assert core.one_reply_way(None) is SESSION
+    assert one_reply_way(core.served_ways(), False) is SESSION
 
 
 def _way_of(op: ops.Op) -> WayName | None:
@@ -202,14 +220,14 @@ def test_the_client_takes_the_way_the_chooser_names(
         inline = c.inline
     assert result.frames == len(video)
     assert len(offers) <= 1  # asked once, when the choice turned on it
-    offered = (lambda: WayName(offers[0])) if offers else _never_asked
+    # The way offered, as ways served: the chooser then picks it back.
+    served = frozenset({WayName(offers[0])}) if offers else None
     chosen = choose_way(
-        SendFacts(
-            slabs_mapped=not inline,
-            fits_in_pool=True,
-            wants_events="on_progress" in encode_options,
+        facts(
+            served,
+            mapped=not inline,
+            events="on_progress" in encode_options,
             small=small,
-            offered=offered,
         )
     )
     assert taken == [chosen] and chosen is expected
@@ -231,7 +249,7 @@ def test_a_way_lost_since_it_was_chosen_is_not_asked(
     may have learnt that the daemon lacks a way: the next one is asked instead."""
     from client._encode import Outgoing, call_encode
     from client._results import Clock, ResultBuilder
-    from client._send import offered, request_way
+    from client._send import request_way
     from client._steps import run_blocking
     from client._ways import REQUEST_WAYS
 
@@ -239,13 +257,14 @@ def test_a_way_lost_since_it_was_chosen_is_not_asked(
     core.framed = framed
     for way in refused_before:
         core.unimplemented(way)
-    assert core.one_reply_way(None) is chosen
+    assert one_reply_way(core.served_ways(), False) is chosen
     case = SendFacts(
         slabs_mapped=True,
         fits_in_pool=True,
         wants_events=False,
         small=True,
-        offered=offered(core, None),
+        has_deadline=False,
+        served=core.served_ways,
     )
     core.unimplemented(chosen, "lost meanwhile")
     rechoose = functools.partial(request_way, case)

@@ -20,39 +20,10 @@ from ..pool.leases import Lease
 MAX_BYTES = 1 << 48
 
 
-@dataclass(frozen=True)
-class PixelLayout:
-    """How one frame of a pixel format lies in memory, as PyAV's `from_numpy_buffer` wants it."""
-
-    name: str
-    channels: int  # bytes per pixel of packed formats; 1 for gray and the 4:2:0 formats
-    planar420: bool = False
-
-    def rows(self, height: int) -> int:
-        """Rows of the frame array: 4:2:0 formats are one (H*3/2, W) array."""
-        return height * 3 // 2 if self.planar420 else height
-
-    def row_bytes(self, width: int) -> int:
-        return width * self.channels
-
-    def frame_bytes(self, width: int, height: int, row_stride: int = 0) -> int:
-        return self.rows(height) * (row_stride or self.row_bytes(width))
-
-    def frame_shape(self, width: int, height: int) -> tuple[int, ...]:
-        if self.planar420 or self.channels == 1:
-            return (self.rows(height), width)
-        return (height, width, self.channels)
-
-    def frame_strides(self, row_stride: int) -> tuple[int, ...]:
-        if self.planar420 or self.channels == 1:
-            return (row_stride, 1)
-        return (row_stride, self.channels, 1)
-
-
-# The wire vocabulary's formats, as memory layouts.
-PIXEL_FORMATS: dict[str, PixelLayout] = {
-    f.name: PixelLayout(f.name, f.channels, f.planar420) for f in vocabulary.PIXEL_FORMATS.values()
-}
+# How a frame lies in memory, as PyAV's `from_numpy_buffer` wants it: the wire
+# vocabulary's formats, whose shape rule the client keeps too.
+PixelLayout = vocabulary.PixelFormat
+PIXEL_FORMATS: dict[str, PixelLayout] = vocabulary.PIXEL_FORMATS
 
 
 @dataclass(frozen=True)

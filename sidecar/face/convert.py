@@ -27,15 +27,25 @@ from ..pipeline.requests import (
     LeaseChunk,
     OneReply,
     OutputRequest,
+    PreviewImage,
+    PreviewRequest,
     Result,
+    SpriteSheetRequest,
     StreamEnd,
     StreamMessage,
+    ThumbnailRequest,
     VideoRequest,
 )
 from ..pipeline.status import RELEASE_ALREADY_FREED, Attachment, StatusReport
 from ..pool.lease_queue import MAX_REGIONS
 from ..pool.leases import Lease
-from ..vocabulary import CONTAINER_BY_PROTO, PIXEL_FORMAT_BY_PROTO, SAMPLE_FORMAT_BY_PROTO
+from ..vocabulary import (
+    CONTAINER_BY_PROTO,
+    FRAME_PICK_BY_PROTO,
+    IMAGE_FORMAT_BY_PROTO,
+    PIXEL_FORMAT_BY_PROTO,
+    SAMPLE_FORMAT_BY_PROTO,
+)
 from .decoding import Undecodable
 
 MAX_RANGES = 65_536
@@ -161,6 +171,56 @@ def audio_pieces_from_proto(data: Any) -> tuple[AudioPiece, ...]:
     return tuple(pieces)
 
 
+def previews_from_proto(p: pb.Previews, present: bool) -> PreviewRequest:
+    if not present:
+        return PreviewRequest()
+    thumbnail = sheet = None
+    if p.HasField("thumbnail"):
+        t = p.thumbnail
+        at = t.WhichOneof("at")
+        thumbnail = ThumbnailRequest(
+            pick=_name(FRAME_PICK_BY_PROTO.get(t.pick), t.pick) if at == "pick" else "",
+            index=t.index if at == "index" else None,
+            time_s=t.time_s if at == "time_s" else None,
+            max_width=t.max_width,
+            max_height=t.max_height,
+            format=_name(IMAGE_FORMAT_BY_PROTO.get(t.format), t.format),
+            quality=t.quality,
+        )
+    if p.HasField("sprite_sheet"):
+        s = p.sprite_sheet
+        sheet = SpriteSheetRequest(
+            tiles=s.tiles,
+            interval_s=s.interval_s,
+            tile_width=s.tile_width,
+            columns=s.columns,
+            format=_name(IMAGE_FORMAT_BY_PROTO.get(s.format), s.format),
+            quality=s.quality,
+        )
+    return PreviewRequest(thumbnail, sheet)
+
+
+def preview_to_proto(image: PreviewImage) -> pb.Preview:
+    sent = not image.path and image.lease_offset is None  # inside the result
+    return pb.Preview(
+        kind=image.kind,
+        mime_type=image.mime_type,
+        size_bytes=image.size_bytes,
+        width=image.width,
+        height=image.height,
+        data=image.data if sent else b"",
+        path=image.path,
+        in_lease=image.lease_offset is not None,
+        lease_offset=image.lease_offset or 0,
+        tile_width=image.tile_width,
+        tile_height=image.tile_height,
+        columns=image.columns,
+        rows=image.rows,
+        frames=image.frames,
+        times_s=image.times_s,
+    )
+
+
 def encode_spec_from_proto(
     request: pb.EncodeRequest, request_id: str, *, one_reply: OneReply | None = None
 ) -> EncodeSpec:
@@ -178,6 +238,7 @@ def encode_spec_from_proto(
         landed_count_offset=request.landed_count_offset,
         output=output_from_proto(request.output, request.HasField("output")),
         audio=audio_from_proto(request.HasField("audio"), request.audio, request.audio_data),
+        previews=previews_from_proto(request.previews, request.HasField("previews")),
     )
 
 
@@ -189,6 +250,7 @@ def stream_spec_from_proto(h: pb.StreamHeader, request_id: str) -> EncodeSpec:
         codec=codec_from_proto(h.codec),
         output=output_from_proto(h.output, h.HasField("output")),
         audio=audio_from_proto(h.HasField("audio"), h.audio, h.audio_data),
+        previews=previews_from_proto(h.previews, h.HasField("previews")),
     )
 
 
@@ -240,6 +302,7 @@ def result_to_proto(event: Result) -> pb.EncodeResult:
         next_lease=lease_to_proto(event.next_lease) if event.next_lease else None,
         data=event.data,
         data_lease=lease_to_proto(event.data_lease) if event.data_lease else None,
+        previews=[preview_to_proto(image) for image in event.previews],
     )
 
 

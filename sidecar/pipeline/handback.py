@@ -21,6 +21,8 @@ from .plans import EncodeOutcome
 from .requests import EncodeSpec
 
 CHUNK_SIZE = 1024 * 1024  # bytes outputs travel in pieces of this size
+# A result carries previews up to this, below the message limit with room to spare.
+PREVIEWS_IN_RESULT_MAX = 6 * 1024 * 1024
 # Outputs over this go back in the client's next lease when it asks (data_in_next_lease).
 NEXT_LEASE_DATA_MIN = 64 * 1024
 
@@ -90,8 +92,15 @@ class OutputHandBack:
         for way in self.ways(spec, outcome, whole):
             handed = await way.take(outcome)
             if handed is not None:
-                return handed
-        return HandedBack()
+                break
+        else:
+            handed = HandedBack()
+        if handed.lease is None and outcome.previews_bytes > PREVIEWS_IN_RESULT_MAX:
+            raise OutOfRange(
+                f"the previews ({outcome.previews_bytes} bytes) are too large to send in a "
+                "result: ask for smaller or lower-quality ones, or a file output"
+            )
+        return handed
 
     def ways(self, spec: EncodeSpec, outcome: EncodeOutcome, whole: bool) -> list[WayBack]:
         """The ways the output may go back, in the order they are tried. The lease for
@@ -99,7 +108,8 @@ class OutputHandBack:
         one-reply call's refusal, last."""
         if not outcome.unsent:
             return [InChunks()]  # sent already, or a file
-        token, size = spec.client_token, outcome.size_bytes
+        # What one reply would carry: the output and its previews.
+        token, size = spec.client_token, outcome.bytes_back
         ways: list[WayBack] = []
         # No spare while others wait for room: it would jump the queue.
         if whole and _in_next_lease(spec, outcome) and not self.queue.waiting:
@@ -119,13 +129,15 @@ class OutputHandBack:
         """A lease for `token` (of `size` bytes, else the output's) holding the bytes output
         at its start, or None (no room: send it another way)."""
         try:
-            lease = self.leases.grant(token, size or outcome.size_bytes, spare=spare, in_reply=True)
+            lease = self.leases.grant(
+                token, size or outcome.lease_bytes, spare=spare, in_reply=True
+            )
         except OutOfRange:  # larger than a slab
             return None
         if lease is None:
             return None
         region = self.slabset.slabs[lease.slab_id].array[lease.offset : lease.offset + lease.size]
-        if outcome.size_bytes <= CHUNK_SIZE:  # a small clip's: quicker than a thread hop
+        if outcome.lease_bytes <= CHUNK_SIZE:  # a small clip's: quicker than a thread hop
             outcome.copy_into(region)
             return lease
         # Off the event loop: a long video's output is tens of megabytes.
@@ -144,7 +156,7 @@ class OutputHandBack:
 def _in_next_lease(spec: EncodeSpec, outcome: EncodeOutcome) -> bool:
     """Whether the output goes back in the lease the client's next frames will use: an
     output too small is quicker inside the result."""
-    fits = NEXT_LEASE_DATA_MIN < outcome.size_bytes <= spec.next_lease_bytes
+    fits = outcome.size_bytes > NEXT_LEASE_DATA_MIN and outcome.lease_bytes <= spec.next_lease_bytes
     return spec.data_in_next_lease and fits
 
 

@@ -26,10 +26,13 @@ from ..pool.shm import Slab
 from .consume import Handing
 from .failures import classify
 from .feed import End, FrameFeed, InlineFrames, Piece
+from .output import write_beside
 from .plans import EncodeOutcome, EncodePlan
+from .previews import PreviewTaker
 from .processes import EncoderProcesses
+from .requests import PreviewImage
 from .segments import SEGMENTABLE, keyframe_interval, plan_segments
-from .sinks import sink_for
+from .sinks import Made, sink_for
 from .warm import EncoderKey, WarmPool
 from .ways import choose_way
 
@@ -100,6 +103,10 @@ class EncodeJob:
         # video's slot is held for it from start to end.
         self.slots: Slots = HeldSlot()
         self.end: End | None = None  # what ended the feed, once `pieces` reached it
+        # The previews asked for, made from each piece as the encode lets go of it.
+        self.previews: PreviewTaker | None = None
+        if plan.previews is not None:
+            self.previews = PreviewTaker(plan.previews, plan.geometry, stream=self.is_stream)
 
     @property
     def is_stream(self) -> bool:
@@ -190,6 +197,30 @@ class EncodeJob:
         assert isinstance(piece, PlacedRange)
         # Looked up per piece: the job never keeps a view of a slab beyond its frames.
         return borrow_frames(self._slabs[piece.lease.slab_id].array, self.plan.geometry, piece)
+
+    def consumed(self, piece: Piece) -> None:
+        """Every frame of `piece` is inside the encoder: the previews take what they
+        show of it, then its lease may go."""
+        self.see(piece)
+        self.feed.consumed(piece)
+
+    def see(self, piece: Piece) -> None:
+        """The previews take what they show of `piece` (the video's next frames)."""
+        if self.previews is not None:
+            self.previews.take(self.frames_of(piece))
+
+    def finish(self, memfd: int | None, data: bytes = b"") -> tuple[Made, list[PreviewImage]]:
+        """The output placed by its sink, and the previews made: written beside a file
+        output, all of them or (if one cannot be) none and no video either."""
+        images = self.previews.images() if self.previews is not None else []
+        made = self.sink.finish(memfd, data)
+        if images and self.plan.preview_targets:
+            write_beside(made.path, images, dict(self.plan.preview_targets))
+        return made, images
+
+    @property
+    def previews_ms(self) -> float:
+        return self.previews.seconds * 1e3 if self.previews is not None else 0.0
 
     def after_frame(self, progress: ProgressReporter) -> None:
         """Run after each frame: counts it, and stops the encode once asked to."""

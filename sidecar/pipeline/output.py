@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 from ..codec.catalogue import CONTAINERS
 from ..errors import DiskFull, InvalidRequest, OutputError, OutputExists, StartupError
 from ..vocabulary import DEFAULT_CONTAINER, WIRE_WORDS, FileNameError, extension, file_container
-from .requests import OutputRequest
+from .requests import OutputRequest, PreviewImage
 
 FIELD = "output.file.path"
 MAX_PATH_CHARS = 1024
@@ -94,6 +94,21 @@ def output_error(exc: OSError, what: str) -> OutputError:
     return OutputError(f"cannot write {what}: {reason}")
 
 
+def write_beside(video: str, images: list[PreviewImage], targets: dict[str, FileTarget]) -> None:
+    """Write each image as its file beside the video at `video`, setting its path. If one
+    cannot be written, none is kept and neither is the video: the request failed."""
+    written: list[str] = []
+    try:
+        for image in images:
+            image.path = str(targets[image.kind].write(image.data))
+            written.append(image.path)
+    except BaseException:
+        for path in [*written, video]:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        raise
+
+
 @dataclass
 class FileTarget:
     """A confined output path; `open_temp` and `commit` write it atomically."""
@@ -134,6 +149,30 @@ class FileTarget:
         if not overwrite and os.path.lexists(final):
             raise OutputExists(f"{relative[:80]!r} exists; pass overwrite to replace it")
         return cls(final, overwrite)
+
+    def beside(self, endings: list[tuple[str, str]]) -> tuple[tuple[str, FileTarget], ...]:
+        """Targets next to this one, for (key, ending) pairs: `jobs/42.mp4` and
+        ".thumbnail.jpg" make `jobs/42.thumbnail.jpg`. The name is this one's, which is
+        confined already; an existing file is refused unless overwriting."""
+        stem = self.final.name[: -len(self.final.suffix)] if self.final.suffix else self.final.name
+        targets = []
+        for key, ending in endings:
+            final = self.final.with_name(stem + ending)
+            if os.path.isdir(final):
+                raise OutputError(f"cannot write {final.name[:80]!r}: it is a directory")
+            if not self.overwrite and os.path.lexists(final):
+                raise OutputExists(f"{final.name[:80]!r} exists; pass overwrite to replace it")
+            targets.append((key, FileTarget(final, self.overwrite)))
+        return tuple(targets)
+
+    def write(self, data: bytes) -> Path:
+        """Write `data` as this file, atomically."""
+        try:
+            self.fill(None, data)
+        except OSError as exc:
+            self.discard()
+            raise output_error(exc, str(self.final)) from None
+        return self.commit()
 
     def open_temp(self) -> Path:
         """Create the hidden temporary file the encoder writes to."""

@@ -24,6 +24,7 @@ from ..pool.shm import SlabSet
 from .feed import FrameFeed
 from .output import FileTarget, output_container
 from .plans import EncodePlan
+from .previews import plan_previews
 from .requests import AudioPiece, EncodeSpec
 
 
@@ -78,6 +79,10 @@ class Planner:
         if out.path is not None:
             target = FileTarget.prepare(self.output_root, out.path, out.overwrite, container)
         frames_total = sum(r.frame_count for r in ranges)
+        previews = plan_previews(spec.previews, geometry, frames_total)
+        preview_targets: tuple[tuple[str, FileTarget], ...] = ()
+        if target is not None and previews is not None:
+            preview_targets = target.beside(previews.files())
         plan = EncodePlan(
             spec.request_id,
             geometry,
@@ -89,6 +94,8 @@ class Planner:
             frames_total=frames_total,
             one_reply=spec.one_reply is not None,
             landed_at=landed_at,
+            previews=previews,
+            preview_targets=preview_targets,
         )
         return plan, ranges
 

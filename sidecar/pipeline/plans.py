@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -12,6 +12,8 @@ from ..codec.audio_format import AudioFormat
 from ..codec.catalogue import ResolvedCodec
 from ..codec.frames import Geometry
 from .output import FileTarget
+from .previews import PreviewPlan
+from .requests import PreviewImage
 
 
 @dataclass(frozen=True)
@@ -27,11 +29,33 @@ class EncodePlan:
     one_reply: bool = False  # nothing goes back before the result
     # Frames still landing: where their count lies, as (slab id, byte offset in the slab).
     landed_at: tuple[int, int] | None = None
+    previews: PreviewPlan | None = None
+    # A file output's previews: where each kind is written, beside the video.
+    preview_targets: tuple[tuple[str, FileTarget], ...] = ()
 
     @property
     def streams_bytes(self) -> bool:
         """Fragmented MP4 to bytes goes back while encoding; the rest when complete."""
         return self.target is None and self.container == "fmp4" and not self.one_reply
+
+
+PREVIEW_ALIGN = 64  # a preview in the output's lease starts at a multiple of this
+
+
+def _aligned(n: int) -> int:
+    return -(-n // PREVIEW_ALIGN) * PREVIEW_ALIGN
+
+
+def preview_offsets(outcome: EncodeOutcome) -> tuple[list[int], int]:
+    """Where each preview sent with a bytes output lies after it in one lease, and the
+    end of the last."""
+    offsets, end = [], outcome.size_bytes
+    for image in outcome.previews:
+        if not image.path:
+            end = _aligned(end)
+            offsets.append(end)
+            end += image.size_bytes
+    return offsets, end
 
 
 @dataclass
@@ -47,6 +71,7 @@ class EncodeOutcome:
     audio_samples: int
     timings_ms: dict[str, float]
     data: bytes | None = None
+    previews: list[PreviewImage] = field(default_factory=list)
 
     def read_chunks(self, chunk_size: int) -> Iterator[tuple[int, bytes]]:
         """(offset, bytes) pieces of a bytes output, read as they are sent: a long
@@ -66,12 +91,36 @@ class EncodeOutcome:
         return os.pread(self.memfd, self.size_bytes, 0)
 
     @property
+    def previews_bytes(self) -> int:
+        """The bytes of the previews that go back with a bytes output (not as files)."""
+        return sum(image.size_bytes for image in self.previews if not image.path)
+
+    @property
+    def bytes_back(self) -> int:
+        """A bytes output's size with its previews: what one reply would carry."""
+        return self.size_bytes + self.previews_bytes
+
+    @property
+    def lease_bytes(self) -> int:
+        """The room a lease needs for a bytes output and its previews after it, each at
+        a multiple of `PREVIEW_ALIGN`."""
+        return preview_offsets(self)[1]
+
+    @property
     def unsent(self) -> bool:
         """A bytes output still to send (a streamed one has gone already)."""
         return self.data is not None or self.memfd is not None
 
     def copy_into(self, target: np.ndarray) -> None:
-        """Put the whole bytes output into `target` (a region of a slab)."""
+        """Put the whole bytes output into `target` (a region of a slab), its previews
+        after it (see `preview_offsets`), each told where."""
+        self._copy_video(target)
+        sent = [image for image in self.previews if not image.path]
+        for image, offset in zip(sent, preview_offsets(self)[0], strict=True):
+            target[offset : offset + image.size_bytes] = np.frombuffer(image.data, np.uint8)
+            image.lease_offset = offset
+
+    def _copy_video(self, target: np.ndarray) -> None:
         if self.data is not None:
             target[: len(self.data)] = np.frombuffer(self.data, dtype=np.uint8)
         elif self.memfd is not None:

@@ -15,6 +15,7 @@ from .encoder_process import ProcessGone
 from .plans import EncodeOutcome
 from .process_main import Answer, Assignment
 from .processes import EncoderProcesses
+from .requests import PreviewImage
 from .sinks import Made
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ class InEncoderProcess:
         if answer is None:
             return None  # the feed is untouched: encode here
         t0 = time.perf_counter()
-        made = self._finish(job, answer, died)
+        made, images = self._finish(job, pieces, answer, died)
         progress.reach(answer.frames)
         t = {f"{stage}_ms": seconds * 1e3 for stage, seconds in answer.timings_s.items()}
         t["finalize_ms"] += (time.perf_counter() - t0) * 1e3
@@ -61,14 +62,18 @@ class InEncoderProcess:
             path=made.path,
             memfd=made.memfd,  # a large output to send back, from the process's memfd
             audio_samples=0,
-            timings_ms={"queue_ms": queue_s * 1e3, **t},
+            timings_ms={"queue_ms": queue_s * 1e3, **t, "previews_ms": job.previews_ms},
             data=made.data,
+            previews=images,
         )
 
     @staticmethod
-    def _finish(job: EncodeJob, answer: Answer, died: bool) -> Made:
-        """The answer's output, in its sink; else the error its client is told, raised
-        bare. Every lease is let go."""
+    def _finish(
+        job: EncodeJob, pieces: list[PlacedRange], answer: Answer, died: bool
+    ) -> tuple[Made, list[PreviewImage]]:
+        """The answer's output, in its sink, and the previews, made from the frames the
+        process read (still leased); else the error its client is told, raised bare.
+        Every lease is let go."""
         made: Made | None = None
         error: BaseException | None = None
         try:
@@ -79,8 +84,10 @@ class InEncoderProcess:
                 if answer.error == "InvalidRequest":
                     raise InvalidRequest(answer.field, answer.message)
                 raise EncodeFailed(answer.message)
-            made = job.sink.finish(answer.memfd, answer.data)
-            return made
+            for piece in pieces:
+                job.see(piece)
+            made, images = job.finish(answer.memfd, answer.data)
+            return made, images
         except BaseException as exc:
             job.sink.discard()
             error = job.failure(exc)

@@ -48,6 +48,40 @@ class AudioRequest:
 
 
 @dataclass(frozen=True)
+class ThumbnailRequest:
+    """One frame, picked by `pick` ("first", "middle", "last"; "": the default), `index`
+    or `time_s`; the other fields as the wire's `Thumbnail` (0 or "": the default)."""
+
+    pick: str = ""
+    index: int | None = None
+    time_s: float | None = None
+    max_width: int = 0
+    max_height: int = 0
+    format: str = ""
+    quality: int = 0
+
+
+@dataclass(frozen=True)
+class SpriteSheetRequest:
+    """As the wire's `SpriteSheet` (0 or "": the default)."""
+
+    tiles: int = 0
+    interval_s: float = 0.0
+    tile_width: int = 0
+    columns: int = 0
+    format: str = ""
+    quality: int = 0
+
+
+@dataclass(frozen=True)
+class PreviewRequest:
+    """Still images made beside the video from the same frames (see previews)."""
+
+    thumbnail: ThumbnailRequest | None = None
+    sprite_sheet: SpriteSheetRequest | None = None
+
+
+@dataclass(frozen=True)
 class OneReply:
     """The result is the only reply: nothing goes back before it, and the output travels
     inside it up to `data_max` bytes. The transport sets both: it knows its message limit,
@@ -81,6 +115,7 @@ class EncodeSpec:
     one_reply: OneReply | None = None
     data_in_next_lease: bool = False  # an output may go back in the next request's lease
     landed_count_offset: int = 0  # frames still landing, counted there (see landing)
+    previews: PreviewRequest = field(default_factory=PreviewRequest)
 
 
 @dataclass(frozen=True)
@@ -106,6 +141,31 @@ class StreamEnd:
 StreamMessage = LeaseChunk | InlineChunk | StreamEnd
 
 
+@dataclass
+class PreviewImage:
+    """A preview as made: its bytes, then where they went (a file, or a place in the
+    output's lease); a sprite sheet's layout too."""
+
+    kind: str  # "thumbnail" or "sprite_sheet"
+    mime_type: str
+    suffix: str  # its file's extension
+    data: bytes
+    width: int
+    height: int
+    frames: tuple[int, ...]  # the frame each tile shows (the thumbnail's: one)
+    times_s: tuple[float, ...]
+    tile_width: int = 0
+    tile_height: int = 0
+    columns: int = 0
+    rows: int = 0
+    path: str = ""  # written here, a file output's
+    lease_offset: int | None = None  # or at this offset in the output's lease
+
+    @property
+    def size_bytes(self) -> int:
+        return len(self.data)
+
+
 @dataclass(frozen=True)
 class Result:
     request_id: str
@@ -122,6 +182,7 @@ class Result:
     next_lease: Lease | None = None
     data: bytes = b""  # the whole output, when it travels in the result
     data_lease: Lease | None = None  # or the lease it is in, now the client's
+    previews: tuple[PreviewImage, ...] = ()
     # Work for once the client has its answer (opening the next encoder for spaced-out
     # traffic, which holds the GIL for milliseconds).
     after: Callable[[], None] | None = None

@@ -43,5 +43,6 @@ def result_of(
         next_lease=handed.lease if handed.next_lease else next_lease,
         data=handed.data,
         data_lease=handed.lease,
+        previews=tuple(outcome.previews),
         after=after,
     )

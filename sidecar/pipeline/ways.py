@@ -66,7 +66,7 @@ class InDaemon:
             encoder.close(job.check_stop)  # stops between the drain's packets too
             job.check_stop()  # gone while the encoder drained: keep nothing
             t0 = time.perf_counter()
-            made = job.sink.finish(memfd)
+            made, images = job.finish(memfd)
             if memfd is not None and made.memfd is None:
                 os.close(memfd)  # written out
             memfd = made.memfd
@@ -99,7 +99,8 @@ class InDaemon:
             path=made.path,
             memfd=memfd,
             audio_samples=encoder.audio.sent if encoder.audio is not None else 0,
-            timings_ms=timings_ms(queue_s, encoder.timings),
+            timings_ms={**timings_ms(queue_s, encoder.timings), "previews_ms": job.previews_ms},
+            previews=images,
         )
 
     def _open(self, job: EncodeJob) -> tuple[VideoEncoder, int | None]:
@@ -117,7 +118,7 @@ class InDaemon:
             job.frames_of,
             job.handing,
             lambda: job.after_frame(progress),
-            job.feed.consumed,
+            job.consumed,
         )
         assert job.end is not None
         finish_feed(encoder, job.end, progress.done)
@@ -200,7 +201,7 @@ class Segments(InDaemon):
         )
         if done:  # every frame is encoded (or, if not, each is, now)
             for piece in pieces:
-                job.feed.consumed(piece)
+                job.consumed(piece)
         else:
             encode_pieces(
                 encoder,
@@ -208,7 +209,7 @@ class Segments(InDaemon):
                 job.frames_of,
                 job.handing,
                 lambda: job.after_frame(progress),
-                job.feed.consumed,
+                job.consumed,
             )
         finish_feed(encoder, end, progress.done)
 

@@ -47,6 +47,19 @@ class SampleFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SAMPLE_FORMAT_UNSPECIFIED: _ClassVar[SampleFormat]
     SAMPLE_FORMAT_F32: _ClassVar[SampleFormat]
     SAMPLE_FORMAT_S16: _ClassVar[SampleFormat]
+
+class ImageFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    IMAGE_FORMAT_UNSPECIFIED: _ClassVar[ImageFormat]
+    IMAGE_FORMAT_JPEG: _ClassVar[ImageFormat]
+    IMAGE_FORMAT_WEBP: _ClassVar[ImageFormat]
+
+class FramePick(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FRAME_PICK_UNSPECIFIED: _ClassVar[FramePick]
+    FRAME_PICK_FIRST: _ClassVar[FramePick]
+    FRAME_PICK_MIDDLE: _ClassVar[FramePick]
+    FRAME_PICK_LAST: _ClassVar[FramePick]
 ERROR_REASON_UNSPECIFIED: ErrorReason
 ERROR_REASON_INVALID_REQUEST: ErrorReason
 ERROR_REASON_NOT_ATTACHED: ErrorReason
@@ -75,6 +88,13 @@ CONTAINER_WEBM: Container
 SAMPLE_FORMAT_UNSPECIFIED: SampleFormat
 SAMPLE_FORMAT_F32: SampleFormat
 SAMPLE_FORMAT_S16: SampleFormat
+IMAGE_FORMAT_UNSPECIFIED: ImageFormat
+IMAGE_FORMAT_JPEG: ImageFormat
+IMAGE_FORMAT_WEBP: ImageFormat
+FRAME_PICK_UNSPECIFIED: FramePick
+FRAME_PICK_FIRST: FramePick
+FRAME_PICK_MIDDLE: FramePick
+FRAME_PICK_LAST: FramePick
 
 class AttachRequest(_message.Message):
     __slots__ = ("client_name", "pid")
@@ -288,7 +308,7 @@ class AudioRange(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
 
 class EncodeRequest(_message.Message):
-    __slots__ = ("client_token", "request_id", "video", "codec", "output", "next_lease_bytes", "audio", "audio_data", "data_in_result", "data_in_lease", "data_in_next_lease", "landed_count_offset")
+    __slots__ = ("client_token", "request_id", "video", "codec", "output", "next_lease_bytes", "audio", "audio_data", "data_in_result", "data_in_lease", "data_in_next_lease", "landed_count_offset", "previews")
     CLIENT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     VIDEO_FIELD_NUMBER: _ClassVar[int]
@@ -301,6 +321,7 @@ class EncodeRequest(_message.Message):
     DATA_IN_LEASE_FIELD_NUMBER: _ClassVar[int]
     DATA_IN_NEXT_LEASE_FIELD_NUMBER: _ClassVar[int]
     LANDED_COUNT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    PREVIEWS_FIELD_NUMBER: _ClassVar[int]
     client_token: str
     request_id: str
     video: VideoDescriptor
@@ -313,10 +334,87 @@ class EncodeRequest(_message.Message):
     data_in_lease: bool
     data_in_next_lease: bool
     landed_count_offset: int
-    def __init__(self, client_token: _Optional[str] = ..., request_id: _Optional[str] = ..., video: _Optional[_Union[VideoDescriptor, _Mapping]] = ..., codec: _Optional[_Union[CodecOptions, _Mapping]] = ..., output: _Optional[_Union[OutputSpec, _Mapping]] = ..., next_lease_bytes: _Optional[int] = ..., audio: _Optional[_Union[AudioSpec, _Mapping]] = ..., audio_data: _Optional[_Iterable[_Union[AudioData, _Mapping]]] = ..., data_in_result: _Optional[bool] = ..., data_in_lease: _Optional[bool] = ..., data_in_next_lease: _Optional[bool] = ..., landed_count_offset: _Optional[int] = ...) -> None: ...
+    previews: Previews
+    def __init__(self, client_token: _Optional[str] = ..., request_id: _Optional[str] = ..., video: _Optional[_Union[VideoDescriptor, _Mapping]] = ..., codec: _Optional[_Union[CodecOptions, _Mapping]] = ..., output: _Optional[_Union[OutputSpec, _Mapping]] = ..., next_lease_bytes: _Optional[int] = ..., audio: _Optional[_Union[AudioSpec, _Mapping]] = ..., audio_data: _Optional[_Iterable[_Union[AudioData, _Mapping]]] = ..., data_in_result: _Optional[bool] = ..., data_in_lease: _Optional[bool] = ..., data_in_next_lease: _Optional[bool] = ..., landed_count_offset: _Optional[int] = ..., previews: _Optional[_Union[Previews, _Mapping]] = ...) -> None: ...
+
+class Previews(_message.Message):
+    __slots__ = ("thumbnail", "sprite_sheet")
+    THUMBNAIL_FIELD_NUMBER: _ClassVar[int]
+    SPRITE_SHEET_FIELD_NUMBER: _ClassVar[int]
+    thumbnail: Thumbnail
+    sprite_sheet: SpriteSheet
+    def __init__(self, thumbnail: _Optional[_Union[Thumbnail, _Mapping]] = ..., sprite_sheet: _Optional[_Union[SpriteSheet, _Mapping]] = ...) -> None: ...
+
+class Thumbnail(_message.Message):
+    __slots__ = ("pick", "index", "time_s", "max_width", "max_height", "format", "quality")
+    PICK_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TIME_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    MAX_HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    QUALITY_FIELD_NUMBER: _ClassVar[int]
+    pick: FramePick
+    index: int
+    time_s: float
+    max_width: int
+    max_height: int
+    format: ImageFormat
+    quality: int
+    def __init__(self, pick: _Optional[_Union[FramePick, str]] = ..., index: _Optional[int] = ..., time_s: _Optional[float] = ..., max_width: _Optional[int] = ..., max_height: _Optional[int] = ..., format: _Optional[_Union[ImageFormat, str]] = ..., quality: _Optional[int] = ...) -> None: ...
+
+class SpriteSheet(_message.Message):
+    __slots__ = ("tiles", "interval_s", "tile_width", "columns", "format", "quality")
+    TILES_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    TILE_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    QUALITY_FIELD_NUMBER: _ClassVar[int]
+    tiles: int
+    interval_s: float
+    tile_width: int
+    columns: int
+    format: ImageFormat
+    quality: int
+    def __init__(self, tiles: _Optional[int] = ..., interval_s: _Optional[float] = ..., tile_width: _Optional[int] = ..., columns: _Optional[int] = ..., format: _Optional[_Union[ImageFormat, str]] = ..., quality: _Optional[int] = ...) -> None: ...
+
+class Preview(_message.Message):
+    __slots__ = ("kind", "mime_type", "size_bytes", "width", "height", "data", "path", "in_lease", "lease_offset", "tile_width", "tile_height", "columns", "rows", "frames", "times_s")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MIME_TYPE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    IN_LEASE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TILE_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    TILE_HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    TIMES_S_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    mime_type: str
+    size_bytes: int
+    width: int
+    height: int
+    data: bytes
+    path: str
+    in_lease: bool
+    lease_offset: int
+    tile_width: int
+    tile_height: int
+    columns: int
+    rows: int
+    frames: _containers.RepeatedScalarFieldContainer[int]
+    times_s: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, kind: _Optional[str] = ..., mime_type: _Optional[str] = ..., size_bytes: _Optional[int] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., data: _Optional[bytes] = ..., path: _Optional[str] = ..., in_lease: _Optional[bool] = ..., lease_offset: _Optional[int] = ..., tile_width: _Optional[int] = ..., tile_height: _Optional[int] = ..., columns: _Optional[int] = ..., rows: _Optional[int] = ..., frames: _Optional[_Iterable[int]] = ..., times_s: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class StreamHeader(_message.Message):
-    __slots__ = ("client_token", "request_id", "width", "height", "pixel_format", "fps", "codec", "output", "audio", "audio_data")
+    __slots__ = ("client_token", "request_id", "width", "height", "pixel_format", "fps", "codec", "output", "audio", "audio_data", "previews")
     CLIENT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     WIDTH_FIELD_NUMBER: _ClassVar[int]
@@ -327,6 +425,7 @@ class StreamHeader(_message.Message):
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
     AUDIO_FIELD_NUMBER: _ClassVar[int]
     AUDIO_DATA_FIELD_NUMBER: _ClassVar[int]
+    PREVIEWS_FIELD_NUMBER: _ClassVar[int]
     client_token: str
     request_id: str
     width: int
@@ -337,7 +436,8 @@ class StreamHeader(_message.Message):
     output: OutputSpec
     audio: AudioSpec
     audio_data: _containers.RepeatedCompositeFieldContainer[AudioData]
-    def __init__(self, client_token: _Optional[str] = ..., request_id: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., pixel_format: _Optional[_Union[PixelFormat, str]] = ..., fps: _Optional[_Union[Rational, _Mapping]] = ..., codec: _Optional[_Union[CodecOptions, _Mapping]] = ..., output: _Optional[_Union[OutputSpec, _Mapping]] = ..., audio: _Optional[_Union[AudioSpec, _Mapping]] = ..., audio_data: _Optional[_Iterable[_Union[AudioData, _Mapping]]] = ...) -> None: ...
+    previews: Previews
+    def __init__(self, client_token: _Optional[str] = ..., request_id: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., pixel_format: _Optional[_Union[PixelFormat, str]] = ..., fps: _Optional[_Union[Rational, _Mapping]] = ..., codec: _Optional[_Union[CodecOptions, _Mapping]] = ..., output: _Optional[_Union[OutputSpec, _Mapping]] = ..., audio: _Optional[_Union[AudioSpec, _Mapping]] = ..., audio_data: _Optional[_Iterable[_Union[AudioData, _Mapping]]] = ..., previews: _Optional[_Union[Previews, _Mapping]] = ...) -> None: ...
 
 class StreamChunk(_message.Message):
     __slots__ = ("range", "inline")
@@ -382,7 +482,7 @@ class OutputChunk(_message.Message):
     def __init__(self, offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class StageTimings(_message.Message):
-    __slots__ = ("queue_ms", "validate_ms", "convert_ms", "encode_ms", "mux_ms", "finalize_ms", "total_ms", "open_ms")
+    __slots__ = ("queue_ms", "validate_ms", "convert_ms", "encode_ms", "mux_ms", "finalize_ms", "total_ms", "open_ms", "previews_ms")
     QUEUE_MS_FIELD_NUMBER: _ClassVar[int]
     VALIDATE_MS_FIELD_NUMBER: _ClassVar[int]
     CONVERT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -391,6 +491,7 @@ class StageTimings(_message.Message):
     FINALIZE_MS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
     OPEN_MS_FIELD_NUMBER: _ClassVar[int]
+    PREVIEWS_MS_FIELD_NUMBER: _ClassVar[int]
     queue_ms: float
     validate_ms: float
     convert_ms: float
@@ -399,10 +500,11 @@ class StageTimings(_message.Message):
     finalize_ms: float
     total_ms: float
     open_ms: float
-    def __init__(self, queue_ms: _Optional[float] = ..., validate_ms: _Optional[float] = ..., convert_ms: _Optional[float] = ..., encode_ms: _Optional[float] = ..., mux_ms: _Optional[float] = ..., finalize_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., open_ms: _Optional[float] = ...) -> None: ...
+    previews_ms: float
+    def __init__(self, queue_ms: _Optional[float] = ..., validate_ms: _Optional[float] = ..., convert_ms: _Optional[float] = ..., encode_ms: _Optional[float] = ..., mux_ms: _Optional[float] = ..., finalize_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., open_ms: _Optional[float] = ..., previews_ms: _Optional[float] = ...) -> None: ...
 
 class EncodeResult(_message.Message):
-    __slots__ = ("audio_samples", "request_id", "path", "size_bytes", "frames", "duration_s", "codec", "container", "width", "height", "timings", "next_lease", "data", "data_lease")
+    __slots__ = ("audio_samples", "request_id", "path", "size_bytes", "frames", "duration_s", "codec", "container", "width", "height", "timings", "next_lease", "data", "data_lease", "previews")
     AUDIO_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
@@ -417,6 +519,7 @@ class EncodeResult(_message.Message):
     NEXT_LEASE_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     DATA_LEASE_FIELD_NUMBER: _ClassVar[int]
+    PREVIEWS_FIELD_NUMBER: _ClassVar[int]
     audio_samples: int
     request_id: str
     path: str
@@ -431,7 +534,8 @@ class EncodeResult(_message.Message):
     next_lease: LeaseResponse
     data: bytes
     data_lease: LeaseResponse
-    def __init__(self, audio_samples: _Optional[int] = ..., request_id: _Optional[str] = ..., path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., frames: _Optional[int] = ..., duration_s: _Optional[float] = ..., codec: _Optional[str] = ..., container: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., next_lease: _Optional[_Union[LeaseResponse, _Mapping]] = ..., data: _Optional[bytes] = ..., data_lease: _Optional[_Union[LeaseResponse, _Mapping]] = ...) -> None: ...
+    previews: _containers.RepeatedCompositeFieldContainer[Preview]
+    def __init__(self, audio_samples: _Optional[int] = ..., request_id: _Optional[str] = ..., path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., frames: _Optional[int] = ..., duration_s: _Optional[float] = ..., codec: _Optional[str] = ..., container: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., next_lease: _Optional[_Union[LeaseResponse, _Mapping]] = ..., data: _Optional[bytes] = ..., data_lease: _Optional[_Union[LeaseResponse, _Mapping]] = ..., previews: _Optional[_Iterable[_Union[Preview, _Mapping]]] = ...) -> None: ...
 
 class SessionReply(_message.Message):
     __slots__ = ("result", "error")
