@@ -97,8 +97,9 @@ def _load_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--variants",
         default="",
-        help="e2e variants (default all): upstream_a, upstream_d, ffmpeg_pipe, "
-        "sidecar, sidecar_yuv",
+        help="e2e variants (default all but the last two): upstream_a, upstream_d, "
+        "ffmpeg_pipe, sidecar, sidecar_yuv, sidecar_default, sidecar_previews (the default "
+        "path without and with a thumbnail and a sprite sheet)",
     )
     p.add_argument(
         "--samples",

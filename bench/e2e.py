@@ -26,7 +26,16 @@ from .common import (
     timed,
 )
 from .daemons import daemon, pool_for
-from .variants import FfmpegPipe, Sidecar, SidecarYuv, UpstreamA, UpstreamD, Variant
+from .variants import (
+    FfmpegPipe,
+    Sidecar,
+    SidecarDefault,
+    SidecarPreviews,
+    SidecarYuv,
+    UpstreamA,
+    UpstreamD,
+    Variant,
+)
 
 
 def default_samples(shape: str) -> tuple[int, int]:
@@ -90,6 +99,8 @@ def e2e(
             "ffmpeg_pipe": lambda: FfmpegPipe(device),
             "sidecar": lambda: Sidecar(device, client(), **sidecar_options),
             "sidecar_yuv": lambda: SidecarYuv(device, client(), **sidecar_options),
+            "sidecar_default": lambda: SidecarDefault(device, client(), **sidecar_options),
+            "sidecar_previews": lambda: SidecarPreviews(device, client(), **sidecar_options),
         }
         lanes = _lanes(factories, variants, concurrency)
         with SidecarClient(d.socket) as probe:
@@ -105,16 +116,22 @@ def e2e(
     return rows
 
 
+# Run unless others are named; sidecar_default and sidecar_previews (the cost of
+# previews: the default path without and with them) are run by name.
+DEFAULT_VARIANTS = ("upstream_a", "upstream_d", "ffmpeg_pipe", "sidecar", "sidecar_yuv")
+
+
 def _lanes(
     factories: dict[str, Callable[[], Variant]], variants: list[str] | None, concurrency: int
 ) -> dict[str, list[Variant]]:
-    """The variants asked for (all by default) that can run here, `concurrency` of each."""
+    """The variants asked for (by default all but the previews pair) that can run here,
+    `concurrency` of each."""
     unknown = set(variants or ()) - set(factories)
     if unknown:
         raise SystemExit(f"--variants: unknown {', '.join(sorted(unknown))}")
     lanes: dict[str, list[Variant]] = {}
     for name, make in factories.items():
-        if variants is not None and name not in variants:
+        if name not in (variants if variants is not None else DEFAULT_VARIANTS):
             continue
         first = make()
         if first.available():

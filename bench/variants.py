@@ -181,3 +181,21 @@ class Sidecar(Variant):
 class SidecarYuv(Sidecar):
     name = "sidecar_yuv"
     pixel_format = "yuv420p"
+
+
+class SidecarPreviews(Sidecar):
+    """The default path (4:2:0 converted where the frames are) with a thumbnail and a
+    sprite sheet beside the video, at their defaults."""
+
+    name = "sidecar_previews"
+    pixel_format = None  # the default: yuv420p from a CUDA tensor, rgb24 from host memory
+
+    def __init__(self, device: Device, client: Any, **options: Any) -> None:
+        super().__init__(device, client, thumbnail=True, sprite_sheet=True, **options)
+
+
+class SidecarDefault(Sidecar):
+    """The default path, as `SidecarPreviews` without the previews: the pair to compare."""
+
+    name = "sidecar_default"
+    pixel_format = None

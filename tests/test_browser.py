@@ -39,10 +39,11 @@ import grpc
 import numpy as np
 import pytest
 
+from client.patterns import moving_pattern
 from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
 
-from .helpers import Daemon
+from .helpers import Daemon, psnr
 
 CHROMIUM = next(
     filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None
@@ -100,6 +101,7 @@ def encode(
     codec: pb.CodecOptions | None = None,
     late_audio: bool = False,
     on_chunk: Callable[[bytes], object] | None = None,
+    previews: pb.Previews | None = None,
 ) -> Output:
     """One EncodeStream with inline frames (6 a message, `pace_s` apart) and inline audio,
     sent with the header or (`late_audio`) with the end; `on_chunk` sees each OutputChunk's
@@ -113,6 +115,7 @@ def encode(
         fps=pb.Rational(num=FPS, den=1),
         codec=codec,
         output=pb.OutputSpec(bytes=pb.BytesOutput(), container=CONTAINERS[container]),
+        previews=previews,
     )
     if audio is not None:
         header.audio.CopyFrom(
@@ -300,9 +303,31 @@ async function feed(job, video, out) {
   if (job.audio) await decodeAudio(await new Blob(pieces).arrayBuffer(), out);
 }
 
+async function look(job) {
+  // An image as a page shows it: an <img>, then its pixels read back through a canvas.
+  const out = {errors: []};
+  const img = document.createElement('img');
+  document.body.appendChild(img);
+  const loaded = new Promise(ok => { img.onload = () => ok(true); img.onerror = () => ok(false); });
+  img.src = job.url;
+  if (!await loaded) { out.errors.push('the image did not load'); return out; }
+  out.width = img.naturalWidth;
+  out.height = img.naturalHeight;
+  const canvas = document.createElement('canvas');
+  canvas.width = img.naturalWidth;
+  canvas.height = img.naturalHeight;
+  const context = canvas.getContext('2d');
+  context.drawImage(img, 0, 0);
+  out.rgb = Array.from(context.getImageData(0, 0, canvas.width, canvas.height).data)
+    .filter((_, i) => i % 4 !== 3);
+  img.remove();
+  return out;
+}
+
 async function run(job) {
   const out = {errors: []};
   if (job.mode === 'none') return out;
+  if (job.mode === 'image') return await look(job);
   out.startedAt = performance.now();
   const video = document.createElement('video');
   document.body.appendChild(video);
@@ -408,6 +433,7 @@ class Site:
 
     def __init__(self) -> None:
         self.files: dict[str, bytes] = {}
+        self.types: dict[str, str] = {}  # a file's Content-Type, if not octet-stream
         self.streams: dict[str, Stream] = {}
         self.jobs: queue.Queue[dict[str, Any]] = queue.Queue()
         self.reports: dict[str, queue.Queue[dict[str, Any]]] = {}
@@ -445,7 +471,8 @@ def handler_for(site: Site) -> type[BaseHTTPRequestHandler]:
                 else:
                     self.reply(200, json.dumps(job).encode(), "application/json")
             elif len(parts) == 2 and parts[0] == "file" and parts[1] in site.files:
-                self.reply(200, site.files[parts[1]], "application/octet-stream")
+                kind = site.types.get(parts[1], "application/octet-stream")
+                self.reply(200, site.files[parts[1]], kind)
             elif len(parts) == 3 and parts[0] == "stream" and parts[1] in site.streams:
                 try:
                     chunk = site.streams[parts[1]].get(int(parts[2]), timeout=JOB_TIMEOUT_S)
@@ -777,3 +804,46 @@ def test_fragmented_mp4_edits_out_the_aac_priming(stub, token) -> None:
     for output in (fragmented, plain):
         onset, _ = audio_onset(output.data)
         assert onset == pytest.approx(TONE_AT, abs=0.002)
+
+
+@pytest.mark.parametrize("image_format", ["jpeg", "webp"])
+def test_previews_show_as_images(browser, stub, token, image_format: str) -> None:
+    """A stream's thumbnail and sprite sheet, served as their MIME type, load in an <img>
+    at the size the result says, showing the source frames (box-averaged to that size)."""
+    fmt = {"jpeg": pb.IMAGE_FORMAT_JPEG, "webp": pb.IMAGE_FORMAT_WEBP}[image_format]
+    previews = pb.Previews(
+        thumbnail=pb.Thumbnail(index=10, max_width=240, format=fmt),
+        sprite_sheet=pb.SpriteSheet(interval_s=0.5, tile_width=120, columns=2, format=fmt),
+    )
+    video = moving_pattern(48, 272, 480)
+    out = encode(stub, token, "mp4", video, None, previews=previews)
+    thumbnail, sheet = out.result.previews
+    assert (thumbnail.kind, thumbnail.width, thumbnail.height) == ("thumbnail", 240, 136)
+    assert (sheet.kind, sheet.columns, sheet.rows) == ("sprite_sheet", 2, 2)
+    assert list(sheet.frames) == [0, 12, 24, 36]
+    references = {
+        "thumbnail": _box(video[10], 2),
+        "sprite_sheet": np.concatenate(
+            [
+                np.concatenate([_box(video[f], 4) for f in row], axis=1)
+                for row in ((0, 12), (24, 36))
+            ]
+        ),
+    }
+    for preview in out.result.previews:
+        name = f"{preview.kind}.{image_format}"
+        browser.site.files[name], browser.site.types[name] = preview.data, preview.mime_type
+        try:
+            report = browser.play({"mode": "image", "url": f"/file/{name}"})
+        finally:
+            del browser.site.files[name]
+        assert report["errors"] == [], report
+        assert (report["width"], report["height"]) == (preview.width, preview.height)
+        shown = np.array(report["rgb"], np.uint8).reshape(preview.height, preview.width, 3)
+        assert psnr(shown, references[preview.kind]) >= 33, preview.kind
+
+
+def _box(rgb: np.ndarray, factor: int) -> np.ndarray:
+    h, w = rgb.shape[0] // factor, rgb.shape[1] // factor
+    blocks = rgb.reshape(h, factor, w, factor, 3).astype(np.float64)
+    return blocks.mean(axis=(1, 3)).round().astype(np.uint8)

@@ -482,6 +482,127 @@ def test_stream_messages(stub, header, width, height, messages) -> None:  # type
     call(s.Release, pb.ReleaseRequest(client_token=token, lease_id=lease.lease_id))
 
 
+DOUBLES = st.one_of(
+    st.floats(0, 10),
+    st.sampled_from([0.0, -1.0, 1e-300, 1e300, float("nan"), float("inf"), -float("inf")]),
+    st.floats(allow_nan=True, allow_infinity=True),
+)
+U32 = st.one_of(st.integers(0, 130), st.sampled_from([640, 641, 1920, 1921, 8192, 2**32 - 1]))
+ENUMS = st.one_of(st.integers(0, 3), st.integers(-(2**31), 2**31 - 1))
+
+
+@st.composite
+def previews(draw) -> pb.Previews:  # type: ignore[no-untyped-def]
+    """Previews with every field drawn raw: enums past their values, NaN and huge sizes."""
+    p = pb.Previews()
+    if draw(st.booleans()):
+        t = p.thumbnail
+        t.SetInParent()
+        at = draw(st.sampled_from(["none", "pick", "index", "time_s"]))
+        if at == "pick":
+            t.pick = draw(ENUMS)
+        elif at == "index":
+            t.index = draw(U64)
+        elif at == "time_s":
+            t.time_s = draw(DOUBLES)
+        t.max_width, t.max_height, t.quality = draw(U32), draw(U32), draw(U32)
+        t.format = draw(ENUMS)
+    if draw(st.booleans()):
+        sheet = p.sprite_sheet
+        sheet.SetInParent()
+        sheet.tiles, sheet.tile_width, sheet.columns = draw(U32), draw(U32), draw(U32)
+        sheet.quality, sheet.format = draw(U32), draw(ENUMS)
+        sheet.interval_s = draw(DOUBLES)
+    return p
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    asked=previews(),
+    frames=st.integers(1, 12),
+    way=st.sampled_from(["Encode", "EncodeOnce", "EncodeSession", "Framed", "EncodeStream"]),
+    path=st.one_of(st.none(), st.sampled_from(["p/ok.mp4", "p/ok.webm", "p/../x.mp4"])),
+)
+def test_preview_fields(daemon, stub, asked, frames, way, path) -> None:  # type: ignore[no-untyped-def]
+    """Every preview field raw, on every way in: a client error or a result with the
+    previews asked for; a refused request keeps its lease."""
+    s, token = stub
+    lease = s.Lease(pb.LeaseRequest(client_token=token, size=LEASE, wait_ms=5000))
+    video = dict(width=32, height=32, pixel_format=pb.PIXEL_FORMAT_RGB24)
+    fps = pb.Rational(num=24, den=1)
+    output = pb.OutputSpec(bytes=pb.BytesOutput())
+    if path is not None:
+        output = pb.OutputSpec(file=pb.FileOutput(path=path, overwrite=True))
+    r = pb.FrameRange(lease_id=lease.lease_id, frame_count=frames)
+    results: list[pb.EncodeResult] = []
+    if way == "EncodeStream":
+        header = pb.StreamHeader(
+            client_token=token, fps=fps, output=output, previews=asked, **video
+        )
+        messages = [
+            pb.StreamRequest(header=header),
+            pb.StreamRequest(chunk=pb.StreamChunk(range=r)),
+            pb.StreamRequest(end=pb.StreamEnd()),
+        ]
+        try:
+            results = [
+                e.result for e in s.EncodeStream(iter(messages), timeout=30) if e.HasField("result")
+            ]
+            code = grpc.StatusCode.OK
+        except grpc.RpcError as err:
+            code = err.code()
+    else:
+        request = pb.EncodeRequest(
+            client_token=token,
+            video=pb.VideoDescriptor(fps=fps, ranges=[r], **video),
+            output=output,
+            previews=asked,
+            data_in_result=True,
+        )
+        if way == "EncodeSession":
+            kept = session(s)
+            kept.requests.put(request)
+            reply = next(kept.replies)
+            code = reply_code(reply)
+            results = [reply.result] if code == grpc.StatusCode.OK else []
+        elif way == "Framed":
+            reply = framed(daemon).exchange(request)
+            code = reply_code(reply)
+            results = [reply.result] if code == grpc.StatusCode.OK else []
+        elif way == "EncodeOnce":
+            try:
+                results, code = [s.EncodeOnce(request, timeout=30)], grpc.StatusCode.OK
+            except grpc.RpcError as err:
+                code = err.code()
+        else:
+            try:
+                results = [e.result for e in s.Encode(request, timeout=30) if e.HasField("result")]
+                code = grpc.StatusCode.OK
+            except grpc.RpcError as err:
+                code = err.code()
+    COUNTS["previews:" + code.name] += 1
+    assert code in ACCEPTABLE, (code, asked)
+    if code == grpc.StatusCode.OK:
+        (result,) = results
+        kinds = [p.kind for p in result.previews]
+        wanted = ["thumbnail"] * asked.HasField("thumbnail")
+        wanted += ["sprite_sheet"] * asked.HasField("sprite_sheet")
+        assert kinds == wanted, (kinds, asked)
+        for preview in result.previews:
+            assert preview.size_bytes > 0 and preview.mime_type in ("image/jpeg", "image/webp")
+            if path is None:
+                assert len(preview.data) == preview.size_bytes and not preview.path
+            else:
+                assert Path(preview.path).stat().st_size == preview.size_bytes
+    if way != "EncodeStream":
+        assert_lease_kept_unless_ok(s, token, lease.lease_id, code)
+    call(s.Release, pb.ReleaseRequest(client_token=token, lease_id=lease.lease_id))
+
+
 METHODS = {
     "Attach": "unary_unary",
     "Lease": "unary_unary",
@@ -515,6 +636,15 @@ def valid_bytes(token: str, lease_id: str) -> list[bytes]:
         ).SerializeToString(),
         pb.EncodeRequest(client_token=token, request_id="r-2", video=video).SerializeToString(),
         pb.StreamRequest(header=header).SerializeToString(),
+        pb.EncodeRequest(
+            client_token=token,
+            request_id="r-4",
+            video=video,
+            previews=pb.Previews(
+                thumbnail=pb.Thumbnail(index=1, max_width=64, format=pb.IMAGE_FORMAT_WEBP),
+                sprite_sheet=pb.SpriteSheet(tiles=2, tile_width=16, columns=2, quality=50),
+            ),
+        ).SerializeToString(),
         pb.StreamRequest(chunk=pb.StreamChunk(inline=b"\x01" * 64)).SerializeToString(),
         pb.FramedRequest(
             lease=pb.LeaseRequest(client_token=token, size=4096, wait_ms=10)
