@@ -18,7 +18,8 @@ from client._video import prepare_video
 from client.patterns import moving_pattern
 from sidecar.codec.frames import PIXEL_FORMATS, Geometry
 from sidecar.errors import InvalidRequest, OutOfRange
-from sidecar.pipeline.previews import PreviewTaker, fit, plan_previews
+from sidecar.pipeline.preview_taker import PreviewTaker
+from sidecar.pipeline.previews import fit, plan_previews
 from sidecar.pipeline.requests import (
     PreviewImage,
     PreviewRequest,
@@ -73,9 +74,14 @@ def make(
     plan = plan_previews(request, g, len(frames))
     assert plan is not None
     taker = PreviewTaker(plan, g, stream=False)
-    for part in np.array_split(frames, pieces):
-        taker.take(part)
-    return taker.images()
+    released: list[int] = []
+    for i, part in enumerate(np.array_split(frames, pieces)):
+        taker.take(part, lambda i=i: released.append(i))  # type: ignore[misc]
+    try:
+        return taker.images()
+    finally:
+        taker.settle()
+        assert sorted(released) == list(range(pieces)), "every piece let go once"
 
 
 # -- planning ------------------------------------------------------------------------------
@@ -226,6 +232,7 @@ def test_a_stream_takes_tiles_by_time_and_its_last_frame() -> None:
     for part in np.array_split(rgb, 7):  # chunks as a stream sends them
         taker.take(part)
     thumb, sheet = taker.images()
+    taker.settle()
     assert thumb.frames == (49,)
     assert psnr(decoded(thumb), box(rgb[49], 2)) >= 35
     assert sheet.frames == tuple(range(0, 50, 6))  # every 0.25 s at 24 fps: 6 frames
@@ -240,6 +247,7 @@ def test_a_stream_thumbnail_past_its_end_takes_the_last_frame() -> None:
     for part in np.array_split(moving_pattern(20, H, W), 3):
         taker.take(part)
     (thumb,) = taker.images()
+    taker.settle()
     assert thumb.frames == (19,)
 
 
@@ -250,4 +258,22 @@ def test_the_time_spent_is_counted() -> None:
     taker = PreviewTaker(plan, g, stream=False)
     taker.take(moving_pattern(T, H, W))
     taker.images()
+    taker.settle()
     assert taker.seconds > 0
+
+
+def test_a_failure_while_scaling_fails_the_previews_and_still_lets_go() -> None:
+    g = geometry()
+    plan = plan_previews(PreviewRequest(ThumbnailRequest(index=3)), g, T)
+    assert plan is not None
+
+    def never_lands(frames: int) -> None:
+        raise RuntimeError("cancelled while waiting")
+
+    taker = PreviewTaker(plan, g, stream=False, wait_landed=never_lands)
+    released: list[bool] = []
+    taker.take(moving_pattern(T, H, W), lambda: released.append(True))
+    with pytest.raises(RuntimeError, match="cancelled"):
+        taker.images()
+    taker.settle()
+    assert released == [True]

@@ -143,15 +143,21 @@ class Outcomes:
             self.observer(outcome, seconds, frames, size)
 
 
+# How long a stream's lease not found waits for the call's cancel (see `_left_first`).
+LEFT_FIRST_WAIT_S = 0.5
+
+
 async def _left_first(exc: SidecarError, end: CallEnd) -> SidecarError:
     """`exc`, or a cancel where the client left first: a client that leaves a stream gives
     back the leases it took, and its Release may overtake a chunk naming one that gRPC
     had received but the stream had not yet read, while the call's cancel is still on
-    its way here. So a lease not found waits up to 0.1 s to tell which."""
+    its way here. So a lease not found waits up to `LEFT_FIRST_WAIT_S` to tell which
+    (0.1 s was too short on two cores held by other work)."""
     if not isinstance(exc, LeaseNotFound):
         return exc
-    for _ in range(20):
-        if end.left():
-            return Cancelled("cancelled by the client")
+    until = asyncio.get_running_loop().time() + LEFT_FIRST_WAIT_S
+    while not end.left():
+        if asyncio.get_running_loop().time() >= until:
+            return exc
         await asyncio.sleep(0.005)
-    return exc
+    return Cancelled("cancelled by the client")

@@ -12,6 +12,7 @@ once, when it runs: see ways.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Protocol
@@ -28,7 +29,7 @@ from .failures import classify
 from .feed import End, FrameFeed, InlineFrames, Piece
 from .output import write_beside
 from .plans import EncodeOutcome, EncodePlan
-from .previews import PreviewTaker
+from .preview_taker import PreviewTaker
 from .processes import EncoderProcesses
 from .requests import PreviewImage
 from .segments import SEGMENTABLE, keyframe_interval, plan_segments
@@ -99,14 +100,13 @@ class EncodeJob:
             slab, offset = plan.landed_at
             landing = Landing(slabs[slab].array, offset, plan.frames_total)
         self.handing = Handing(landing, self.check_stop)
+        self._landing = landing
         # A stream's hold on an encode slot, chunk by chunk (see scheduler); a whole
         # video's slot is held for it from start to end.
         self.slots: Slots = HeldSlot()
         self.end: End | None = None  # what ended the feed, once `pieces` reached it
         # The previews asked for, made from each piece as the encode lets go of it.
-        self.previews: PreviewTaker | None = None
-        if plan.previews is not None:
-            self.previews = PreviewTaker(plan.previews, plan.geometry, stream=self.is_stream)
+        self.previews = self._preview_taker()
 
     @property
     def is_stream(self) -> bool:
@@ -144,6 +144,8 @@ class EncodeJob:
     def let_go(self) -> None:
         """Free every lease the feed still holds; or, while frames may still be landing
         in them, give them back to the client (see landing)."""
+        if self.previews is not None:
+            self.previews.settle()  # nothing reads a lease after this
         if self.handing.still_landing:
             self.feed.give_back_all()
         self.feed.release_all()
@@ -198,16 +200,35 @@ class EncodeJob:
         # Looked up per piece: the job never keeps a view of a slab beyond its frames.
         return borrow_frames(self._slabs[piece.lease.slab_id].array, self.plan.geometry, piece)
 
+    def _preview_taker(self) -> PreviewTaker | None:
+        plan = self.plan
+        if plan.previews is None:
+            return None
+        landing = self._landing
+        wait = None if landing is None else lambda n: landing.wait_for(n, self.check_stop)
+        return PreviewTaker(plan.previews, plan.geometry, stream=self.is_stream, wait_landed=wait)
+
     def consumed(self, piece: Piece) -> None:
-        """Every frame of `piece` is inside the encoder: the previews take what they
-        show of it, then its lease may go."""
-        self.see(piece)
-        self.feed.consumed(piece)
+        """Every frame of `piece` is inside the encoder: its lease may go, once the
+        previews have what they show of it."""
+        if self.previews is None:
+            self.feed.consumed(piece)
+        else:
+            release = functools.partial(self.feed.consumed, piece)
+            self.previews.take(self.frames_of(piece), release)
 
     def see(self, piece: Piece) -> None:
-        """The previews take what they show of `piece` (the video's next frames)."""
+        """The previews take what they show of `piece` (the video's next frames), which
+        stays leased until the job lets go of every lease."""
         if self.previews is not None:
             self.previews.take(self.frames_of(piece))
+
+    def restart_previews(self) -> None:
+        """Forget the frames the previews took (an encode that starts again takes them
+        anew)."""
+        if self.previews is not None:
+            self.previews.settle()
+            self.previews = self._preview_taker()
 
     def finish(self, memfd: int | None, data: bytes = b"") -> tuple[Made, list[PreviewImage]]:
         """The output placed by its sink, and the previews made: written beside a file

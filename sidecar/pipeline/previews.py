@@ -1,10 +1,8 @@
 """A thumbnail and a sprite sheet, made from the frames the video is encoded from.
 
 `plan_previews` checks a request's previews and settles which frames they show: before
-any memory is touched, like the rest of a request. A `PreviewTaker` then sees every
-piece of the video as the encode lets go of it (its frames landed and inside the
-encoder, its lease not yet freed) and scales just the frames it wants, each straight to
-its image's size. At the end it encodes the images: the video waits only for that.
+any memory is touched, like the rest of a request. `preview_taker.PreviewTaker` then
+makes them from the frames in the leases, beside the encode.
 
 A stream's length is known only at its end, so there the sprite sheet takes a frame
 every `interval_s` seconds and the thumbnail is picked by index, time, or as the first
@@ -15,16 +13,13 @@ or last frame; an index or time past the end takes the last frame (the preview's
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from fractions import Fraction
 
-import numpy as np
-
 from ..codec.frames import Geometry
-from ..codec.images import IMAGE_FORMATS, ImageFormat, encode_image, scaled_rgb
+from ..codec.images import IMAGE_FORMATS, ImageFormat
 from ..errors import InvalidRequest, OutOfRange
-from .requests import PreviewImage, PreviewRequest, SpriteSheetRequest, ThumbnailRequest
+from .requests import PreviewRequest, SpriteSheetRequest, ThumbnailRequest
 
 # Limits, and the defaults of fields left 0 (docs/previews.md).
 THUMBNAIL_MAX_SIDE = 1920
@@ -203,115 +198,3 @@ def _plan_sheet(req: SpriteSheetRequest, geometry: Geometry, total: int) -> Shee
         _format(req.format, f"{field}.format"),
         _quality(req.quality, f"{field}.quality"),
     )
-
-
-class PreviewTaker:
-    """Sees a video's frames in order, piece by piece (`take`), keeping scaled copies of
-    the few its previews show; `images` then makes the previews. One thread at a time."""
-
-    def __init__(self, plan: PreviewPlan, geometry: Geometry, *, stream: bool) -> None:
-        self.plan = plan
-        self._geometry = geometry
-        self._stream = stream
-        self._seen = 0  # frames taken so far
-        self._thumb: tuple[int, np.ndarray] | None = None
-        self._tiles: list[tuple[int, np.ndarray]] = []
-        sheet = plan.sheet
-        self._wanted = list(sheet.frames) if sheet is not None and sheet.frames else []
-        self._next_tile = 0  # a stream's: the next tile's number
-        self.seconds = 0.0  # spent scaling and encoding
-
-    def take(self, frames: np.ndarray) -> None:
-        """The next `len(frames)` frames of the video, landed and still leased."""
-        t0 = time.perf_counter()
-        try:
-            self._take(frames)
-        finally:
-            self.seconds += time.perf_counter() - t0
-
-    def _take(self, frames: np.ndarray) -> None:
-        first, self._seen = self._seen, self._seen + len(frames)
-        thumb, sheet = self.plan.thumbnail, self.plan.sheet
-        if thumb is not None and not (self._thumb and self._thumb[0] == thumb.index):
-            at = thumb.index
-            if at is None or (self._stream and at >= self._seen):
-                at = self._seen - 1  # a stream's last frame so far, until a later one
-            if first <= at < self._seen:
-                self._thumb = (at, self._scaled(frames[at - first], thumb.width, thumb.height))
-        if sheet is not None:
-            for index in self._sheet_frames(sheet, first):
-                rgb = self._scaled(frames[index - first], sheet.tile_width, sheet.tile_height)
-                self._tiles.append((index, rgb))
-
-    def _sheet_frames(self, sheet: SheetPlan, first: int) -> list[int]:
-        """The frames of [first, seen) the sprite sheet shows."""
-        if sheet.frames:
-            taken = []
-            while self._wanted and self._wanted[0] < self._seen:
-                taken.append(self._wanted.pop(0))
-            return taken
-        taken = []
-        while self._next_tile < TILES_MAX:
-            index = math.floor(self._next_tile * sheet.every)
-            if index >= self._seen:
-                break
-            taken.append(index)
-            self._next_tile += 1
-        return [i for i in taken if i >= first]
-
-    def _scaled(self, image: np.ndarray, width: int, height: int) -> np.ndarray:
-        return scaled_rgb(image, self._geometry.layout, width, height)
-
-    def images(self) -> list[PreviewImage]:
-        """The previews, encoded: the thumbnail first."""
-        t0 = time.perf_counter()
-        try:
-            return self._images()
-        finally:
-            self.seconds += time.perf_counter() - t0
-
-    def _images(self) -> list[PreviewImage]:
-        made: list[PreviewImage] = []
-        fps = self._geometry.fps
-        thumb, sheet = self.plan.thumbnail, self.plan.sheet
-        if thumb is not None and self._thumb is not None:
-            index, rgb = self._thumb
-            made.append(
-                PreviewImage(
-                    "thumbnail",
-                    thumb.format.mime_type,
-                    thumb.format.suffix,
-                    encode_image(rgb, thumb.format, thumb.quality),
-                    thumb.width,
-                    thumb.height,
-                    (index,),
-                    (float(index / fps),),
-                )
-            )
-        if sheet is not None and self._tiles:
-            made.append(self._sheet(sheet, fps))
-        return made
-
-    def _sheet(self, sheet: SheetPlan, fps: Fraction) -> PreviewImage:
-        columns = min(sheet.columns, len(self._tiles))
-        rows = -(-len(self._tiles) // columns)
-        tw, th = sheet.tile_width, sheet.tile_height
-        canvas = np.zeros((rows * th, columns * tw, 3), np.uint8)
-        for i, (_, rgb) in enumerate(self._tiles):
-            row, col = divmod(i, columns)
-            canvas[row * th : (row + 1) * th, col * tw : (col + 1) * tw] = rgb
-        frames = tuple(index for index, _ in self._tiles)
-        return PreviewImage(
-            "sprite_sheet",
-            sheet.format.mime_type,
-            sheet.format.suffix,
-            encode_image(canvas, sheet.format, sheet.quality),
-            columns * tw,
-            rows * th,
-            frames,
-            tuple(float(index / fps) for index in frames),
-            tile_width=tw,
-            tile_height=th,
-            columns=columns,
-            rows=rows,
-        )

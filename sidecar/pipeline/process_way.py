@@ -35,7 +35,10 @@ class InEncoderProcess:
 
     def encode(self, job: EncodeJob, queue_s: float) -> EncodeOutcome:
         outcome = self._elsewhere(job, queue_s)
-        return outcome if outcome is not None else self._here.encode(job, queue_s)
+        if outcome is not None:
+            return outcome
+        job.restart_previews()  # begun for a process that then was not there
+        return self._here.encode(job, queue_s)
 
     def _elsewhere(self, job: EncodeJob, queue_s: float) -> EncodeOutcome | None:
         """The outcome of an encode in an encoder process; None if none is free."""
@@ -51,7 +54,7 @@ class InEncoderProcess:
         if answer is None:
             return None  # the feed is untouched: encode here
         t0 = time.perf_counter()
-        made, images = self._finish(job, pieces, answer, died)
+        made, images = self._finish(job, answer, died)
         progress.reach(answer.frames)
         t = {f"{stage}_ms": seconds * 1e3 for stage, seconds in answer.timings_s.items()}
         t["finalize_ms"] += (time.perf_counter() - t0) * 1e3
@@ -68,11 +71,9 @@ class InEncoderProcess:
         )
 
     @staticmethod
-    def _finish(
-        job: EncodeJob, pieces: list[PlacedRange], answer: Answer, died: bool
-    ) -> tuple[Made, list[PreviewImage]]:
-        """The answer's output, in its sink, and the previews, made from the frames the
-        process read (still leased); else the error its client is told, raised bare.
+    def _finish(job: EncodeJob, answer: Answer, died: bool) -> tuple[Made, list[PreviewImage]]:
+        """The answer's output, in its sink, and the previews (made beside the process's
+        encode from the same leases); else the error its client is told, raised bare.
         Every lease is let go."""
         made: Made | None = None
         error: BaseException | None = None
@@ -84,8 +85,6 @@ class InEncoderProcess:
                 if answer.error == "InvalidRequest":
                     raise InvalidRequest(answer.field, answer.message)
                 raise EncodeFailed(answer.message)
-            for piece in pieces:
-                job.see(piece)
             made, images = job.finish(answer.memfd, answer.data)
             return made, images
         except BaseException as exc:
@@ -123,6 +122,9 @@ class InEncoderProcess:
             proc = self._processes.take(key, prepare)
             if proc is None:
                 return None
+            if not attempt:  # the previews read the leases while the process does
+                for piece in pieces:
+                    job.see(piece)
             answer = None
             try:
                 answer = proc.encode(assignment, progress, lambda: job.stopped)
