@@ -48,8 +48,9 @@ from ._errors import (
     SidecarUnavailable,
     TransportError,
 )
+from ._previews import SpriteSheet, Thumbnail
 from ._sync import SidecarClient
-from ._types import Attachment, EncodeResult, FrameRange, Lease, Status, Timings
+from ._types import Attachment, EncodeResult, FrameRange, Lease, Preview, Status, Timings
 
 __all__ = [
     "AlreadyExists",
@@ -65,6 +66,7 @@ __all__ = [
     "Lease",
     "NotFound",
     "OutOfRange",
+    "Preview",
     "Reason",
     "RequestError",
     "ResourceExhausted",
@@ -73,7 +75,9 @@ __all__ = [
     "SidecarClosed",
     "SidecarError",
     "SidecarUnavailable",
+    "SpriteSheet",
     "Status",
+    "Thumbnail",
     "Timings",
     "TransportError",
 ]

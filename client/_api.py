@@ -42,6 +42,7 @@ from ._options import (
     check_leased,
     check_timeout,
 )
+from ._previews import SpriteSheet, Thumbnail, check_for_stream
 from ._send import encode, encode_leased
 from ._steps import Steps
 from ._stream import StreamCore
@@ -147,6 +148,8 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
         threads: int = 0,
         extra: Mapping[str, Any] | None = None,
         request_id: str = "",
+        thumbnail: Thumbnail | bool | None = None,
+        sprite_sheet: SpriteSheet | bool | None = None,
         on_chunk: Callable[[bytes], None] | None = None,
         on_progress: ProgressCallback | None = None,
         timeout: float | None = None,
@@ -180,12 +183,15 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
         threads: int = 0,
         extra: Mapping[str, Any] | None = None,
         request_id: str = "",
+        thumbnail: Thumbnail | bool | None = None,
+        sprite_sheet: SpriteSheet | bool | None = None,
         on_chunk: Callable[[bytes], None] | None = None,
         on_progress: ProgressCallback | None = None,
         timeout: float | None = None,
     ) -> StreamT:
         options = EncodeOptions.of(locals())
         check_callbacks(timeout=timeout, on_progress=on_progress, on_chunk=on_chunk)
+        check_for_stream(thumbnail, sprite_sheet)
         pcm = prepare_audio(audio, sample_rate) if audio is not None else None
         declared = (sample_rate, channels) if pcm is None and sample_rate and channels else None
         core = StreamCore(
@@ -219,6 +225,8 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
         threads: int = 0,
         extra: Mapping[str, Any] | None = None,
         request_id: str = "",
+        thumbnail: Thumbnail | bool | None = None,
+        sprite_sheet: SpriteSheet | bool | None = None,
         on_progress: ProgressCallback | None = None,
         timeout: float | None = None,
     ) -> ResultT:

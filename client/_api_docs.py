@@ -67,6 +67,20 @@ Args:
     extra: more encoder options, e.g. {"tune": "film"}.
     request_id: the id the daemon logs this request under and returns in
         `result.request_id`; empty for a generated one.
+    thumbnail: one frame as a still image beside the video, in
+        `result.thumbnail`: a `Thumbnail(at="middle", max_width=0, max_height=0,
+        format="jpeg", quality=0)`, `at` "first", "middle", "last", a frame index
+        (int) or a time in seconds (float); 0 is the daemon's default (640x360,
+        quality 85). True: the defaults.
+    sprite_sheet: frames as tiles of one image, for a seek bar, in
+        `result.sprite_sheet` with its layout (`Preview.tile_at(time_s)`): a
+        `SpriteSheet(tiles=0, interval_s=0.0, tile_width=0, columns=0,
+        format="jpeg", quality=0)`, `tiles` frames evenly spread or one every
+        `interval_s`; 0 is the daemon's default (10 tiles, 160 pixels wide, 5 to a
+        row). True: the defaults. Previews come back as the video does: files
+        beside a file output (`jobs/42.mp4` gets `jobs/42.thumbnail.jpg` and
+        `jobs/42.sprites.jpg`; `overwrite` applies to them too), else their bytes
+        in `Preview.data`. Limits: docs/previews.md.
     on_chunk: called with each piece of the output, in order, as it arrives:
         while encoding with container="fmp4", at the end otherwise; never with
         `path`. `result.data` still holds the whole file.
@@ -86,7 +100,8 @@ socket a CUDA video of 32 MiB or more is sent while its GPU copy still runs,
 and the daemon starts on each frame as it lands (`sidecar.codec.landing`).
 
 Returns:
-    An `EncodeResult`: `data` or `path`, frames, duration, size and timings.
+    An `EncodeResult`: `data` or `path`, frames, duration, size and timings; the
+    previews asked for in `previews` (also `thumbnail`, `sprite_sheet`).
 
 Raises:
     InvalidVideo: the video cannot be used as given (shape, dtype, layout, range).
@@ -105,6 +120,10 @@ Args:
     fps, path, overwrite, pixel_format, layout, value_range, container, codec,
     crf, preset, gop, threads, extra, request_id: as for `encode` (a float range
         warning is given once a stream).
+    thumbnail, sprite_sheet: as for `encode`, but a stream's length is known only
+        at its end: a thumbnail is the first or last frame, or one by index or time
+        (True: the first; at="middle" is refused), and a sprite sheet takes a tile
+        every `interval_s` seconds (True: every second; `tiles` is refused).
     on_progress: as for `encode`, but the total is 0 until the last call: a
         stream's length is known only when it is closed.
     audio: a PCM track sent with the first chunk (with `sample_rate`).
@@ -131,7 +150,7 @@ Args:
     pixel_format: the frames' format in the leases: "rgb24", "bgr24", "rgba",
         "gray", "yuv420p" or "nv12".
     fps, path, overwrite, container, codec, crf, preset, gop, threads, extra,
-    request_id, on_progress, timeout: as for `encode`.
+    request_id, thumbnail, sprite_sheet, on_progress, timeout: as for `encode`.
 
 The daemon frees each lease once its frames are encoded; a refused request leaves
 them with you.

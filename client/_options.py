@@ -27,7 +27,9 @@ from sidecar.vocabulary import (
     file_container,
 )
 
+from ._checks import of_type, whole
 from ._errors import InvalidArgument, OutOfRange
+from ._previews import SpriteSheet, Thumbnail, check_asked, previews_proto
 from ._types import FrameRange, Lease
 
 Fps = float | Fraction | tuple[int, int]
@@ -55,6 +57,9 @@ class EncodeOptions:
     threads: int = 0
     extra: Mapping[str, Any] | None = None
     request_id: str = ""  # empty: one made up here, so a retried request keeps its id
+    # Still images beside the video (`_previews`); True: the daemon's defaults.
+    thumbnail: Thumbnail | bool | None = None
+    sprite_sheet: SpriteSheet | bool | None = None
 
     @classmethod
     def of(cls, arguments: Mapping[str, Any]) -> EncodeOptions:
@@ -71,17 +76,18 @@ class EncodeOptions:
         type, NaN, a number the field cannot hold); the daemon judges the rest."""
         fps_rational(self.fps)
         for name in ("container", "codec", "request_id"):
-            _of_type(name, getattr(self, name), str, "a string")
+            of_type(name, getattr(self, name), str, "a string")
         for name in ("path", "preset"):
             if getattr(self, name) is not None:
-                _of_type(name, getattr(self, name), str, "a string or None")
-        _of_type("overwrite", self.overwrite, bool, "True or False")
+                of_type(name, getattr(self, name), str, "a string or None")
+        of_type("overwrite", self.overwrite, bool, "True or False")
         for name in ("crf", "gop"):
             if getattr(self, name) is not None:
                 whole(name, getattr(self, name), -(2**31), 2**31 - 1)
         whole("threads", self.threads, 0, 2**32 - 1)
         if self.extra is not None:
-            _of_type("extra", self.extra, Mapping, "a mapping of option names to values")
+            of_type("extra", self.extra, Mapping, "a mapping of option names to values")
+        check_asked(self.thumbnail, self.sprite_sheet)
         self.wire_container()
 
     def wire_container(self) -> str:
@@ -139,6 +145,7 @@ class EncodeOptions:
             data_in_result=True,  # ResultBuilder reads it
             data_in_lease=True,  # frames in leases: this client maps the slabs
             data_in_next_lease=True,  # call_encode copies it out before keeping the lease
+            previews=previews_proto(self.thumbnail, self.sprite_sheet),
         )
 
     def header(
@@ -147,8 +154,12 @@ class EncodeOptions:
         frames: VideoGeometry,
         audio: pb.AudioSpec | None = None,
         audio_data: list[pb.AudioData] | None = None,
+        frames_total: int = 0,
     ) -> pb.StreamRequest:
-        """The first message of a stream."""
+        """The first message of a stream; `frames_total`: the length of a whole video sent
+        as one (0: unknown until its end)."""
+        fps = fps_rational(self.fps)
+        known = (frames_total, fps) if frames_total else None
         return pb.StreamRequest(
             header=pb.StreamHeader(
                 client_token=token,
@@ -156,11 +167,12 @@ class EncodeOptions:
                 width=frames.width,
                 height=frames.height,
                 pixel_format=pixel_format_proto(frames.pixel_format),
-                fps=fps_rational(self.fps),
+                fps=fps,
                 codec=self.codec_proto(),
                 output=self.output_proto(),
                 audio=audio,
                 audio_data=audio_data or [],
+                previews=previews_proto(self.thumbnail, self.sprite_sheet, known),
             )
         )
 
@@ -231,16 +243,6 @@ def fps_rational(fps: Fps) -> pb.Rational:
     return pb.Rational(num=num, den=den)
 
 
-def whole(name: str, value: Any, low: int, high: int) -> int:
-    """`value` as an int in [low, high], numpy's integers too; InvalidArgument naming
-    `name` otherwise (a float, a bool, a string...)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise InvalidArgument(f"{name} must be a whole number, got {value!r}")
-    if not low <= int(value) <= high:
-        raise InvalidArgument(f"{name} must be {low} to {high}, got {value}")
-    return int(value)
-
-
 def check_timeout(timeout: Any, name: str = "timeout") -> None:
     """None (the client's default), or a finite number of seconds over 0."""
     if timeout is None:
@@ -279,8 +281,3 @@ def check_callbacks(timeout: Any = None, **callbacks: Any) -> None:
     for name, callback in callbacks.items():
         if callback is not None and not callable(callback):
             raise InvalidArgument(f"{name} must be callable or None, got {callback!r}")
-
-
-def _of_type(name: str, value: Any, kind: Any, what: str) -> None:
-    if not isinstance(value, kind):
-        raise InvalidArgument(f"{name} must be {what}, got {value!r}")

@@ -13,12 +13,17 @@ from sidecar.api.v1 import sidecar_pb2 as pb
 
 from ._errors import ServerError
 from ._slabs import SlabInfo
-from ._types import Attachment, EncodeResult, Status, Timings
+from ._types import Attachment, EncodeResult, Preview, Status, Timings
 
 # Fields the client's types take as the daemon's messages name them.
 DAEMON_STAGES = tuple(
-    f"{stage}_ms" for stage in ("queue", "validate", "open", "convert", "encode", "mux", "finalize")
+    f"{stage}_ms"
+    for stage in ("queue", "validate", "open", "convert", "encode", "mux", "finalize", "previews")
 )
+PREVIEW_FIELDS = (
+    "kind", "mime_type", "size_bytes", "width", "height", "tile_width", "tile_height",
+    "columns", "rows",
+)  # fmt: skip
 RESULT_FIELDS = (
     "frames", "width", "height", "codec", "container", "size_bytes", "request_id",
     "audio_samples",
@@ -98,6 +103,8 @@ class ResultBuilder:
         self._result: pb.EncodeResult | None = None
         self.next_lease: pb.LeaseResponse | None = None
         self.data_lease: pb.LeaseResponse | None = None  # the output is in it
+        # Previews that came in `data_lease` after the output, by their place in the result.
+        self._leased_previews: dict[int, bytes] = {}
 
     def feed(self, event: pb.EncodeEvent) -> bytes | None:
         """Take one reply; returns the bytes of an output chunk, if it was one."""
@@ -147,9 +154,14 @@ class ResultBuilder:
             self._on_progress(result.frames, result.frames)
 
     def take_from_lease(self, region: Any) -> None:
-        """Copy the output out of `data_lease`'s mapped region, before it goes back."""
+        """Copy the output out of `data_lease`'s mapped region, and the previews that
+        follow it there, before it goes back (or is reused as the spare)."""
         assert self._result is not None
         self._take_chunk(bytes(region[: self._result.size_bytes]))
+        for i, preview in enumerate(self._result.previews):
+            if preview.in_lease:
+                start = preview.lease_offset
+                self._leased_previews[i] = bytes(region[start : start + preview.size_bytes])
 
     def _take_chunk(self, data: bytes) -> None:
         self._chunks.append(data)
@@ -177,7 +189,27 @@ class ResultBuilder:
             path=r.path or None,
             duration=r.duration_s,
             timings=timings,
+            previews=tuple(self._preview(i, p) for i, p in enumerate(r.previews)),
             **same_named(r, RESULT_FIELDS),
+        )
+
+    def _preview(self, index: int, p: pb.Preview) -> Preview:
+        """A preview of the result: its bytes from the result or the output's lease, or
+        the file it was written to."""
+        data: bytes | None = None
+        if not p.path:
+            data = self._leased_previews.get(index) if p.in_lease else p.data
+            if data is None or len(data) != p.size_bytes:
+                got = "none" if data is None else len(data)
+                raise ServerError(
+                    f"the {p.kind} has {got} bytes, the daemon reported {p.size_bytes}"
+                )
+        return Preview(
+            data=data,
+            path=p.path,
+            frames=tuple(p.frames),
+            times_s=tuple(p.times_s),
+            **same_named(p, PREVIEW_FIELDS),
         )
 
 

@@ -156,7 +156,11 @@ class StreamCore:
             audio_data = audio_in(self.audio, audio_lease)
         elif self.audio is not None:
             audio_data = yield from self.client.audio_data(self.audio, self._took)
-        header = self.options.header(att.client_token, geometry, self.audio_spec(), audio_data)
+        # A whole video's length is known here (`whole`), a stream's only at its end.
+        known = self.builder.frames_total
+        header = self.options.header(
+            att.client_token, geometry, self.audio_spec(), audio_data, frames_total=known
+        )
         self.call = yield OpenStream(header, self._left(), self)
         self.geometry = geometry
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -74,6 +75,7 @@ class Timings:
     encode_ms: float = 0.0  # the encoder itself
     mux_ms: float = 0.0  # writing packets into the container
     finalize_ms: float = 0.0  # finishing the container, placing the file
+    previews_ms: float = 0.0  # scaling the previews' frames, encoding the images
     daemon_ms: float = 0.0  # everything inside the daemon
     # From the start of the first copy until every frame is in the leases, lease waits in
     # between included; for a stream, summed over its writes. 0 for `encode_leased`.
@@ -82,6 +84,61 @@ class Timings:
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Preview:
+    """A still image made beside the video: a thumbnail or a sprite sheet.
+
+    For a bytes output `data` holds the image; for a file output `path` is where it was
+    written, beside the video. `frames` and `times_s` name the frames it shows (a
+    thumbnail's one). A sprite sheet's tile i lies at column i % columns, row
+    i // columns (`tile_box`) and shows frame `frames[i]`, at `times_s[i]` seconds.
+    """
+
+    kind: str  # "thumbnail" or "sprite_sheet"
+    mime_type: str  # "image/jpeg" or "image/webp"
+    size_bytes: int
+    width: int
+    height: int
+    data: bytes | None = None
+    path: str = ""
+    tile_width: int = 0
+    tile_height: int = 0
+    columns: int = 0
+    rows: int = 0
+    frames: tuple[int, ...] = ()
+    times_s: tuple[float, ...] = ()
+
+    def __repr__(self) -> str:
+        """Size and place; never the bytes."""
+        place = f"path={self.path!r}" if self.path else f"data=<{self.size_bytes} bytes>"
+        if self.kind == "sprite_sheet":
+            shows = (
+                f"{len(self.frames)} tiles of {self.tile_width}x{self.tile_height}, "
+                f"{self.columns} by {self.rows}"
+            )
+        else:
+            shows = f"frame {self.frames[0]}" if self.frames else "no frame"
+        return (
+            f"Preview({self.kind}, {self.mime_type}, {self.width}x{self.height}, {place}, "
+            f"size={self.size_bytes} bytes, {shows})"
+        )
+
+    def tile_at(self, time_s: float) -> int:
+        """The sprite sheet's tile showing the video at `time_s` seconds: the last one
+        taken at or before it (the first, before it). ValueError for a thumbnail."""
+        if self.kind != "sprite_sheet":
+            raise ValueError(f"a {self.kind} has no tiles")
+        return max(0, bisect.bisect_right(self.times_s, time_s) - 1)
+
+    def tile_box(self, tile: int) -> tuple[int, int, int, int]:
+        """Where tile `tile` lies in the sheet: (x, y, width, height) in pixels, as a
+        WebVTT thumbnail track's `#xywh=` says it."""
+        if not 0 <= tile < len(self.frames) or self.kind != "sprite_sheet":
+            raise IndexError(f"no tile {tile} in this {self.kind} of {len(self.frames)}")
+        row, column = divmod(tile, self.columns)
+        return column * self.tile_width, row * self.tile_height, self.tile_width, self.tile_height
 
 
 @dataclass(frozen=True)
@@ -100,15 +157,29 @@ class EncodeResult:
     request_id: str
     timings: Timings
     audio_samples: int = 0  # audio samples muxed, after trimming or padding to the video
+    previews: tuple[Preview, ...] = ()  # those asked for, the thumbnail first
+
+    @property
+    def thumbnail(self) -> Preview | None:
+        return self._preview("thumbnail")
+
+    @property
+    def sprite_sheet(self) -> Preview | None:
+        return self._preview("sprite_sheet")
+
+    def _preview(self, kind: str) -> Preview | None:
+        return next((p for p in self.previews if p.kind == kind), None)
 
     def __repr__(self) -> str:
         """Sizes, place and timings; never the bytes (an MP4 is megabytes of them)."""
         data = "None" if self.data is None else f"<{len(self.data)} bytes>"
         audio = f", audio_samples={self.audio_samples}" if self.audio_samples else ""
+        shown = ", ".join(f"{p.kind} <{p.size_bytes} bytes>" for p in self.previews)
+        previews = f", previews=[{shown}]" if shown else ""
         return (
             f"EncodeResult(path={self.path!r}, data={data}, size={self.size_bytes} bytes, "
             f"container={self.container!r}, codec={self.codec!r}, frames={self.frames}, "
-            f"{self.width}x{self.height}, duration={self.duration:g}s{audio}, "
+            f"{self.width}x{self.height}, duration={self.duration:g}s{audio}{previews}, "
             f"request_id={self.request_id!r}, total_ms={self.timings.total_ms:.1f}, "
             f"daemon_ms={self.timings.daemon_ms:.1f})"
         )

@@ -24,9 +24,9 @@ def test_public_api_is_pinned() -> None:
     assert sorted(client.__all__) == [
         "AlreadyExists", "AsyncSidecarClient", "Attachment", "Cancelled", "DeadlineExceeded",
         "EncodeResult", "FailedPrecondition", "FrameRange", "InvalidArgument", "InvalidVideo",
-        "Lease", "NotFound", "OutOfRange", "Reason", "RequestError", "ResourceExhausted",
-        "ServerError", "SidecarClient", "SidecarClosed", "SidecarError", "SidecarUnavailable",
-        "Status", "Timings", "TransportError",
+        "Lease", "NotFound", "OutOfRange", "Preview", "Reason", "RequestError",
+        "ResourceExhausted", "ServerError", "SidecarClient", "SidecarClosed", "SidecarError",
+        "SidecarUnavailable", "SpriteSheet", "Status", "Thumbnail", "Timings", "TransportError",
     ]  # fmt: skip
     for name in client.__all__:
         # Reason is the wire vocabulary's, shared with the daemon.

@@ -239,6 +239,18 @@ def test_a_stream_takes_tiles_by_time_and_its_last_frame() -> None:
     assert sheet.times_s[1] == pytest.approx(0.25)
 
 
+def test_a_streams_sheet_takes_as_many_tiles_as_fit() -> None:
+    """Tiles a whole video's sheet would hold are not refused in a stream, whose tile
+    count is known only at its end: it stops at what the sheet holds."""
+    g = geometry("rgb24", 1280, 720)
+    sheet = SpriteSheetRequest(tile_width=640, columns=2, interval_s=1.0)
+    whole = plan_previews(PreviewRequest(sprite_sheet=sheet), g, 240)
+    assert whole is not None and whole.sheet is not None and len(whole.sheet.frames) == 10
+    stream = plan_previews(PreviewRequest(sprite_sheet=sheet), g, 0)
+    assert stream is not None and stream.sheet is not None
+    assert stream.sheet.tiles == 2 * (8192 // 360) == 44
+
+
 def test_a_stream_thumbnail_past_its_end_takes_the_last_frame() -> None:
     g = geometry()
     plan = plan_previews(PreviewRequest(ThumbnailRequest(index=1000)), g, 0)

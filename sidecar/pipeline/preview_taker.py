@@ -21,7 +21,7 @@ import numpy as np
 
 from ..codec.frames import Geometry
 from ..codec.images import encode_image, scaled_rgb
-from .previews import TILES_MAX, PreviewPlan, SheetPlan, ThumbnailPlan
+from .previews import PreviewPlan, SheetPlan, ThumbnailPlan
 from .requests import PreviewImage
 
 # (kind, frame index, width, height): a frame to scale, and to what size.
@@ -113,7 +113,7 @@ class PreviewTaker:
             while self._wanted and self._wanted[0] < self._seen:
                 taken.append(self._wanted.pop(0))
             return taken
-        while self._next_tile < TILES_MAX:
+        while self._next_tile < sheet.tiles:
             index = math.floor(self._next_tile * sheet.every)
             if index >= self._seen:
                 break

@@ -49,6 +49,7 @@ class ThumbnailPlan:
 @dataclass(frozen=True)
 class SheetPlan:
     frames: tuple[int, ...]  # a whole video's tiles' frames; () in a stream
+    tiles: int  # how many: a stream's at most
     every: Fraction  # a stream's: a tile every this many frames (may be fractional)
     tile_width: int
     tile_height: int
@@ -177,20 +178,22 @@ def _plan_sheet(req: SpriteSheetRequest, geometry: Geometry, total: int) -> Shee
         else:
             tiles = min(req.tiles or TILES_DEFAULT, total)
             frames = tuple(i * total // tiles for i in range(tiles))
-    tiles = len(frames) if total else TILES_MAX
     tile_width, tile_height = fit(
         geometry.width, geometry.height, req.tile_width or TILE_WIDTH_DEFAULT, 1 << 30
     )
-    columns = min(req.columns or COLUMNS_DEFAULT, tiles)
+    # A stream's tiles are as many as its length gives, up to what the sheet holds.
+    columns = min(req.columns or COLUMNS_DEFAULT, len(frames) if total else TILES_MAX)
+    tiles = len(frames) if total else min(TILES_MAX, columns * (SHEET_MAX_SIDE // tile_height))
     rows = -(-tiles // columns)
-    if tile_width * columns > SHEET_MAX_SIDE or tile_height * rows > SHEET_MAX_SIDE:
+    if not tiles or tile_width * columns > SHEET_MAX_SIDE or tile_height * rows > SHEET_MAX_SIDE:
         raise InvalidRequest(
             f"{field}.columns",
-            f"a sheet of {columns}x{rows} tiles of {tile_width}x{tile_height} is over "
+            f"a sheet of {columns}x{max(rows, 1)} tiles of {tile_width}x{tile_height} is over "
             f"{SHEET_MAX_SIDE} pixels on a side",
         )
     return SheetPlan(
         frames,
+        tiles,
         every,
         tile_width,
         tile_height,

@@ -200,11 +200,19 @@ def health(args: argparse.Namespace) -> int:
 
 
 def encode(args: argparse.Namespace) -> int:
+    from .preview_args import image_flags_alone, previews_of
     from .tool import EncodeCommand, run
 
     if args.audio and args.sample_rate is None:
         print("video-sidecar: --audio needs --sample-rate HZ", file=sys.stderr)
         return 2
+    if image_flags_alone(args):
+        print(
+            "video-sidecar: --image-format and --image-quality need --thumbnail or --sprite-sheet",
+            file=sys.stderr,
+        )
+        return 2
+    thumbnail, sprite_sheet = previews_of(args)
     logs.configure("warning")
     return run(
         EncodeCommand(
@@ -223,6 +231,8 @@ def encode(args: argparse.Namespace) -> int:
             sample_rate=args.sample_rate,
             overwrite=args.overwrite,
             shm_prefix=args.shm_prefix,
+            thumbnail=thumbnail,
+            sprite_sheet=sprite_sheet,
         )
     )
 

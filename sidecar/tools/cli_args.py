@@ -13,6 +13,7 @@ from .. import __version__
 from ..config import Config
 from ..config_values import SHM_PREFIX, SHM_PREFIX_RULE
 from ..vocabulary import default_socket
+from .preview_args import add_preview_options
 
 BOOLEAN_FLAGS_NOTE = (
     "Boolean settings are bare flags with a --no- form (--insecure, --no-insecure); the "
@@ -309,6 +310,7 @@ def _encode(commands: Commands) -> None:
     encode.add_argument("--fps", type=positive_float, default=24.0, help="frames per second")
     _add_codec_options(encode)
     _add_media_options(encode)
+    add_preview_options(encode)
 
 
 def _add_codec_options(encode: argparse.ArgumentParser) -> None:

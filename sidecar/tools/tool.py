@@ -2,18 +2,14 @@
 
 Inputs: `.npy`, `.npz` (one array, or the one named `video` or `frames`) and torch `.pt`
 tensors (loaded with `weights_only=True`). Nothing is ever unpickled: a file that would need
-it is refused. The output is checked before anything is encoded, so a wrong `-o` costs
-nothing.
+it is refused. The output, and the previews asked for beside it, are checked before anything
+is encoded, so a wrong `-o` costs nothing (`outputs`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import stat
 import sys
-import tempfile
 import time
 import warnings
 import zipfile
@@ -24,12 +20,21 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from client import EncodeResult, SidecarClient, SidecarError, SidecarUnavailable
+from client import (
+    EncodeResult,
+    Preview,
+    SidecarClient,
+    SidecarError,
+    SidecarUnavailable,
+    SpriteSheet,
+    Thumbnail,
+)
 
 from ..config_values import format_size
-from ..vocabulary import DEFAULT_CONTAINER, EXTENSION_OF, FileNameError, Wording, file_container
 from .exits import exit_status
 from .launcher import AutoDaemon, DaemonStartError, is_serving
+from .outputs import CommitError, OutputError, OutputFile, Outputs, default_output
+from .preview_args import FIELD_FLAGS
 
 ACCEPTED = (
     "a .npy file, a .npz file (one array, or one named 'video' or 'frames') or a torch .pt tensor"
@@ -59,6 +64,13 @@ class EncodeCommand:
     sample_rate: int | None = None
     overwrite: bool = False
     shm_prefix: str = ""
+    thumbnail: Thumbnail | None = None  # written beside the output
+    sprite_sheet: SpriteSheet | None = None
+
+    def preview_formats(self) -> dict[str, str]:
+        """The image format of each preview asked for, by its kind."""
+        asked = {"thumbnail": self.thumbnail, "sprite_sheet": self.sprite_sheet}
+        return {kind: p.format for kind, p in asked.items() if p is not None}
 
 
 class ProgressBar:
@@ -188,87 +200,6 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-CLI_WORDS = Wording("-o", "--container", "drop --container")
-
-
-def default_output(source: str, container: str) -> Path:
-    """The input's name with its container's extension (.mp4, .webm), in the current
-    directory."""
-    return Path(Path(source).with_suffix(EXTENSION_OF[container or DEFAULT_CONTAINER]).name)
-
-
-class OutputError(Exception):
-    """The output cannot be written; the message says why, in a line."""
-
-
-class OutputFile:
-    """The local output file, checked and reserved before anything is encoded.
-
-    `reserve` creates the temporary file the result is first written to, in the output's
-    directory: the surest test that the directory is writable (root passes every
-    permission check). `commit` moves it into place: renamed over an existing file with
-    `overwrite`, else linked, which refuses a file that appeared meanwhile."""
-
-    def __init__(self, path: Path, overwrite: bool, source: str, container: str = "") -> None:
-        self.path = path
-        self.overwrite = overwrite
-        self.source = source
-        self.container = container  # "" until `reserve`: the one the name says
-        self.tmp: str | None = None
-
-    def reserve(self) -> None:
-        out = self.path
-        if out.is_dir():
-            raise OutputError(f"output {out} is a directory; give a file name")
-        if out.exists():
-            if os.path.samefile(out, self.source):
-                raise OutputError(f"output {out} is the input file")
-            if not stat.S_ISREG(out.stat().st_mode):  # never replace a device or a FIFO
-                raise OutputError(f"output {out} exists and is not a regular file")
-        if (out.exists() or out.is_symlink()) and not self.overwrite:
-            raise OutputError(f"output {out} exists; pass --overwrite to replace it")
-        if not out.parent.is_dir():
-            raise OutputError(f"cannot write {out}: directory {out.parent} does not exist")
-        try:
-            self.container = file_container(str(out), self.container, CLI_WORDS)
-        except FileNameError as exc:
-            raise OutputError(str(exc)) from None
-        try:
-            fd, self.tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".part", dir=out.parent)
-        except OSError as exc:
-            raise OutputError(f"cannot write {out}: {exc.strerror or exc}") from None
-        os.close(fd)
-
-    def commit(self, data: bytes) -> None:
-        assert self.tmp is not None
-        with open(self.tmp, "wb") as fh:
-            fh.write(data)
-        os.chmod(self.tmp, 0o666 & ~_umask())  # as a plain open() would have made it
-        if self.overwrite:
-            os.replace(self.tmp, self.path)
-        else:
-            try:
-                os.link(self.tmp, self.path)  # FileExistsError if it appeared meanwhile
-            except FileExistsError:
-                raise
-            except OSError:  # no hard links here (some FUSE, FAT): an exclusive create
-                with open(self.path, "xb") as fh:
-                    fh.write(data)
-        self.discard()
-
-    def discard(self) -> None:
-        if self.tmp is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.tmp)
-            self.tmp = None
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def as_flags(message: str) -> str:
     """A client message in this command's words: `value_range=(-1, 1)` is
     `--value-range -1,1` here, `layout='THWC'` is `--layout THWC`, and
@@ -277,7 +208,9 @@ def as_flags(message: str) -> str:
     message = re.sub(r"layout='([A-Z]+)'", r"--layout \1", message)
     message = re.sub(r"layout=([A-Z]+)\b", r"--layout \1", message)
     message = re.sub(r"(--layout [A-Z]+) or '([A-Z]+)'", r"\1 or --layout \2", message)
-    return re.sub(r"pixel_format='([a-z0-9]+)'", r"--pixel-format \1", message)
+    message = re.sub(r"pixel_format='([a-z0-9]+)'", r"--pixel-format \1", message)
+    fields = "|".join(re.escape(field) for field in FIELD_FLAGS)
+    return re.sub(rf"\b({fields})\b", lambda m: FIELD_FLAGS[m.group(1)], message)
 
 
 def run(cmd: EncodeCommand) -> int:
@@ -289,13 +222,15 @@ def run(cmd: EncodeCommand) -> int:
         return 2
     out = Path(cmd.output) if cmd.output else default_output(cmd.source, cmd.container)
     output = OutputFile(out, cmd.overwrite, cmd.source, cmd.container)
+    outputs = Outputs(output, cmd.preview_formats())
     with ExitStack() as stack:
         try:
-            output.reserve()
+            outputs.reserve()
         except OutputError as exc:
+            outputs.discard()
             print(f"video-sidecar: {exc}", file=sys.stderr)
             return 2
-        stack.callback(output.discard)  # after a failure or Ctrl-C: no .part file left
+        stack.callback(outputs.discard)  # after a failure or Ctrl-C: no .part file left
         try:
             daemon = _daemon(cmd, stack)
         except DaemonStartError as exc:
@@ -309,19 +244,27 @@ def run(cmd: EncodeCommand) -> int:
                 print(f"video-sidecar: the daemon's log: {daemon.log_path}", file=sys.stderr)
             return exit_status(exc)
         try:
-            output.commit(result.data or b"")
-        except FileExistsError:
-            print(f"video-sidecar: {out} appeared while encoding; not replaced", file=sys.stderr)
-            return 1
-        except OSError as exc:
-            print(f"video-sidecar: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
+            previews = outputs.commit(result)
+        except CommitError as exc:
+            print(f"video-sidecar: {exc}", file=sys.stderr)
             return 1
     print(
         f"wrote {out} ({result.codec} in {result.container}, {result.width}x{result.height}, "
         f"{result.frames} frames, {format_size(result.size_bytes)}) "
         f"in {result.timings.total_ms:.0f} ms"
     )
+    for path, preview in previews:
+        print(f"wrote {path} ({_described(preview)})")
     return 0
+
+
+def _described(preview: Preview) -> str:
+    """A preview in the summary: what it shows, its size."""
+    size = f"{preview.width}x{preview.height}, {format_size(preview.size_bytes)}"
+    if preview.kind == "thumbnail":
+        return f"thumbnail of frame {preview.frames[0]}, {size}"
+    tiles = f"{len(preview.frames)} tiles of {preview.tile_width}x{preview.tile_height}"
+    return f"sprite sheet, {tiles}, {size}"
 
 
 def _daemon(cmd: EncodeCommand, stack: ExitStack) -> AutoDaemon | None:
@@ -355,6 +298,8 @@ def _encode(
             codec=cmd.codec,
             crf=cmd.crf,
             preset=cmd.preset,
+            thumbnail=cmd.thumbnail,
+            sprite_sheet=cmd.sprite_sheet,
         )
     for notice in noticed:
         if issubclass(notice.category, UserWarning):
