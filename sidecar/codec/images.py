@@ -37,25 +37,34 @@ IMAGE_FORMATS: dict[str, ImageFormat] = {
 }
 
 
-def scaled_rgb(image: np.ndarray, layout: PixelLayout, width: int, height: int) -> np.ndarray:
-    """`image` (one borrowed frame in `layout`) as (height, width, 3) RGB, a new array."""
-    if layout.planar420 and image.shape[0] % 6 != 0:
-        # PyAV mis-sizes borrowed 4:2:0 frames whose height is not a multiple of 4.
-        frame = av.VideoFrame.from_ndarray(image, format=layout.name)
-    else:
-        frame = av.VideoFrame.from_numpy_buffer(image, format=layout.name)
-    scaled = VideoReformatter().reformat(
-        frame,
-        width=width,
-        height=height,
-        format="rgb24",
-        src_colorspace=Colorspace.ITU709,
-        dst_colorspace=Colorspace.ITU709,
-        src_color_range=ColorRange.MPEG if layout.planar420 else ColorRange.JPEG,
-        dst_color_range=ColorRange.JPEG,
-        interpolation="AREA",  # averages what it drops: no aliasing in small tiles
-    )
-    return scaled.to_ndarray()
+class Scaler:
+    """Borrowed frames in `layout` scaled to (height, width, 3) RGB arrays (new ones).
+    Kept for the frames of one request: swscale is set up once for them all."""
+
+    def __init__(self, layout: PixelLayout, width: int, height: int) -> None:
+        self._layout = layout
+        self._size = width, height
+        self._reformatter = VideoReformatter()
+
+    def __call__(self, image: np.ndarray) -> np.ndarray:
+        layout = self._layout
+        if layout.planar420 and image.shape[0] % 6 != 0:
+            # PyAV mis-sizes borrowed 4:2:0 frames whose height is not a multiple of 4.
+            frame = av.VideoFrame.from_ndarray(image, format=layout.name)
+        else:
+            frame = av.VideoFrame.from_numpy_buffer(image, format=layout.name)
+        scaled = self._reformatter.reformat(
+            frame,
+            width=self._size[0],
+            height=self._size[1],
+            format="rgb24",
+            src_colorspace=Colorspace.ITU709,
+            dst_colorspace=Colorspace.ITU709,
+            src_color_range=ColorRange.MPEG if layout.planar420 else ColorRange.JPEG,
+            dst_color_range=ColorRange.JPEG,
+            interpolation="AREA",  # averages what it drops: no aliasing in small tiles
+        )
+        return scaled.to_ndarray()
 
 
 def encode_image(rgb: np.ndarray, fmt: ImageFormat, quality: int) -> bytes:
@@ -66,6 +75,7 @@ def encode_image(rgb: np.ndarray, fmt: ImageFormat, quality: int) -> bytes:
     ctx.width, ctx.height = width, height
     ctx.pix_fmt = fmt.pixel_format
     ctx.time_base = Fraction(1, 1)
+    ctx.thread_count = 1  # one small picture: starting threads costs more than it saves
     if fmt.codec == "mjpeg":
         # FFmpeg's JPEG quantiser scale: 2 (best) to 31, from quality 100 to 1.
         ctx.qmin = ctx.qmax = round(2 + (100 - quality) * 29 / 99)

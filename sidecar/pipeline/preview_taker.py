@@ -20,7 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from ..codec.frames import Geometry
-from ..codec.images import encode_image, scaled_rgb
+from ..codec.images import Scaler, encode_image
 from .previews import PreviewPlan, SheetPlan, ThumbnailPlan
 from .requests import PreviewImage
 
@@ -55,6 +55,7 @@ class PreviewTaker:
         self._tiles: list[tuple[int, np.ndarray]] = []
         self._made: dict[str, PreviewImage] = {}
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="previews")
+        self._scalers: dict[tuple[int, int], Scaler] = {}  # the worker's, by size
         self._pending: list[Future[None]] = []
         self.seconds = 0.0  # spent scaling and encoding, much of it beside the encode
 
@@ -131,7 +132,11 @@ class PreviewTaker:
             for kind, index, width, height in picks:
                 if self._wait_landed is not None:
                     self._wait_landed(index + 1)
-                rgb = scaled_rgb(frames[index - first], self._geometry.layout, width, height)
+                scaler = self._scalers.get((width, height))
+                if scaler is None:
+                    scaler = Scaler(self._geometry.layout, width, height)
+                    self._scalers[width, height] = scaler
+                rgb = scaler(frames[index - first])
                 self._keep(kind, index, rgb)
         finally:
             if release is not None:
