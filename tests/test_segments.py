@@ -160,3 +160,23 @@ def test_long_h265_videos_encode_whole(make_daemon) -> None:  # type: ignore[no-
     got, facts = decode(result.data or b"")
     assert len(got) == 180 and facts["codec"] == "hevc"
     assert psnr(got, video) >= 35
+
+
+def test_segments_make_the_same_previews(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    """Previews taken beside parallel segments show the same frames as a single pass's,
+    and every lease comes back once they are made."""
+    from client import SpriteSheet, Thumbnail
+
+    video = moving_pattern(240, 96, 160)
+    asked = {"thumbnail": Thumbnail(at=130), "sprite_sheet": SpriteSheet(tiles=6, columns=3)}
+    made = []
+    for threads in (2, 8):  # a single pass, then two segments
+        d = make_daemon(encoder_threads=threads, warm_encoders=0)
+        with d.client() as c:
+            result = c.encode(video, gop=60, **asked)
+            assert c.status().pool["active_leases"] <= 1  # the spare at most
+        assert result.thumbnail is not None and result.sprite_sheet is not None
+        assert result.thumbnail.frames == (130,)
+        assert result.sprite_sheet.frames == tuple(i * 40 for i in range(6))
+        made.append((result.thumbnail.data, result.sprite_sheet.data))
+    assert made[0] == made[1]  # the same frames, scaled and encoded alike

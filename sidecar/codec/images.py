@@ -9,6 +9,9 @@ them); the packed RGB formats full range.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import cast
@@ -37,26 +40,44 @@ IMAGE_FORMATS: dict[str, ImageFormat] = {
 }
 
 
-class Scaler:
-    """Borrowed frames in `layout` scaled to (height, width, 3) RGB arrays (new ones).
-    Kept for the frames of one request: swscale is set up once for them all."""
+# swscale's set-up for one conversion (sizes, formats) costs about as much as a small
+# image's conversion itself, so the set-up reformatters are kept between requests, each
+# used by one thread at a time. Keyed by what they convert; a few of each at most.
+_Key = tuple[str, int, int, str, int, int]
+_KEPT: dict[_Key, list[VideoReformatter]] = {}
+_KEPT_LOCK = threading.Lock()
+KEEP_EACH = 4
 
-    def __init__(self, layout: PixelLayout, width: int, height: int) -> None:
-        self._layout = layout
-        self._size = width, height
-        self._reformatter = VideoReformatter()
 
-    def __call__(self, image: np.ndarray) -> np.ndarray:
-        layout = self._layout
-        if layout.planar420 and image.shape[0] % 6 != 0:
-            # PyAV mis-sizes borrowed 4:2:0 frames whose height is not a multiple of 4.
-            frame = av.VideoFrame.from_ndarray(image, format=layout.name)
-        else:
-            frame = av.VideoFrame.from_numpy_buffer(image, format=layout.name)
-        scaled = self._reformatter.reformat(
+@contextlib.contextmanager
+def _reformatter(key: _Key) -> Iterator[VideoReformatter]:
+    with _KEPT_LOCK:
+        free = _KEPT.get(key)
+        reformatter = free.pop() if free else VideoReformatter()
+    try:
+        yield reformatter
+    finally:
+        with _KEPT_LOCK:
+            if len(_KEPT) > 64:  # sizes seen long ago: set up again when asked
+                _KEPT.clear()
+            kept = _KEPT.setdefault(key, [])
+            if len(kept) < KEEP_EACH:
+                kept.append(reformatter)
+
+
+def scale_rgb(image: np.ndarray, layout: PixelLayout, width: int, height: int) -> np.ndarray:
+    """`image` (one borrowed frame in `layout`) as (height, width, 3) RGB, a new array."""
+    if layout.planar420 and image.shape[0] % 6 != 0:
+        # PyAV mis-sizes borrowed 4:2:0 frames whose height is not a multiple of 4.
+        frame = av.VideoFrame.from_ndarray(image, format=layout.name)
+    else:
+        frame = av.VideoFrame.from_numpy_buffer(image, format=layout.name)
+    key = (layout.name, frame.width, frame.height, "rgb24", width, height)
+    with _reformatter(key) as reformatter:
+        scaled = reformatter.reformat(
             frame,
-            width=self._size[0],
-            height=self._size[1],
+            width=width,
+            height=height,
             format="rgb24",
             src_colorspace=Colorspace.ITU709,
             dst_colorspace=Colorspace.ITU709,
@@ -64,7 +85,7 @@ class Scaler:
             dst_color_range=ColorRange.JPEG,
             interpolation="AREA",  # averages what it drops: no aliasing in small tiles
         )
-        return scaled.to_ndarray()
+    return scaled.to_ndarray()
 
 
 def encode_image(rgb: np.ndarray, fmt: ImageFormat, quality: int) -> bytes:
@@ -82,13 +103,15 @@ def encode_image(rgb: np.ndarray, fmt: ImageFormat, quality: int) -> bytes:
     else:
         ctx.options = {"quality": str(quality)}
     frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24")
-    frame = frame.reformat(
-        format=fmt.pixel_format,
-        # Image decoders read BT.601: full range for JPEG (JFIF), limited for WebP.
-        src_colorspace=Colorspace.ITU601,
-        dst_colorspace=Colorspace.ITU601,
-        src_color_range=ColorRange.JPEG,
-        dst_color_range=ColorRange.JPEG if fmt.codec == "mjpeg" else ColorRange.MPEG,
-    )
+    with _reformatter(("rgb24", width, height, fmt.pixel_format, width, height)) as reformatter:
+        frame = reformatter.reformat(
+            frame,
+            format=fmt.pixel_format,
+            # Image decoders read BT.601: full range for JPEG (JFIF), limited for WebP.
+            src_colorspace=Colorspace.ITU601,
+            dst_colorspace=Colorspace.ITU601,
+            src_color_range=ColorRange.JPEG,
+            dst_color_range=ColorRange.JPEG if fmt.codec == "mjpeg" else ColorRange.MPEG,
+        )
     packets = ctx.encode(frame) + ctx.encode(None)
     return b"".join(bytes(packet) for packet in packets)

@@ -3,14 +3,16 @@
 The encode hands each piece of the video to `PreviewTaker.take` as it lets go of it (its
 frames landed and inside the encoder, its lease not yet freed). The taker picks the few
 frames its previews show there, on the caller's thread; the scaling, each frame straight
-from the lease to its image's size, runs on a thread of its own beside the encode
-(swscale drops the GIL), and so does each image's encoding once all its frames are in.
+from the lease to its image's size, runs on the daemon's preview threads beside the
+encode (swscale drops the GIL), and so does each image's encoding once all its frames
+are in.
 A piece holding such a frame is let go (`release`) once they are scaled; the rest at
 once. `images` then waits for what is left: for a whole video, usually nothing.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -20,12 +22,19 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from ..codec.frames import Geometry
-from ..codec.images import Scaler, encode_image
+from ..codec.images import encode_image, scale_rgb
 from .previews import PreviewPlan, SheetPlan, ThumbnailPlan
 from .requests import PreviewImage
 
 # (kind, frame index, width, height): a frame to scale, and to what size.
 Pick = tuple[str, int, int, int]
+# The daemon's threads for previews, shared by its requests and started on first use.
+PREVIEW_THREADS = 2
+
+
+@functools.cache
+def _workers() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(PREVIEW_THREADS, thread_name_prefix="previews")
 
 
 class PreviewTaker:
@@ -49,14 +58,13 @@ class PreviewTaker:
         self._thumb_found = False  # the thumbnail's own frame is picked
         self._wanted = list(plan.sheet.frames) if plan.sheet is not None else []
         self._next_tile = 0  # a stream's: the next tile's number
-        # Written by the worker, under the lock.
+        # Written by the preview threads, under the lock.
         self._lock = threading.Lock()
         self._thumb: tuple[int, np.ndarray] | None = None
         self._tiles: list[tuple[int, np.ndarray]] = []
         self._made: dict[str, PreviewImage] = {}
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="previews")
-        self._scalers: dict[tuple[int, int], Scaler] = {}  # the worker's, by size
         self._pending: list[Future[None]] = []
+        self._settled = False
         self.seconds = 0.0  # spent scaling and encoding, much of it beside the encode
 
     # -- the caller's side ---------------------------------------------------------------
@@ -71,7 +79,7 @@ class PreviewTaker:
                 release()
             return
         self._pending = [f for f in self._pending if not f.done() or f.exception()]
-        self._pending.append(self._worker.submit(self._scale, frames, first, picks, release))
+        self._pending.append(_workers().submit(self._scale, frames, first, picks, release))
 
     def images(self) -> list[PreviewImage]:
         """The previews, the thumbnail first, once all their frames are taken."""
@@ -88,8 +96,10 @@ class PreviewTaker:
         return [made[kind] for kind in ("thumbnail", "sprite_sheet") if kind in made]
 
     def settle(self) -> None:
-        """Wait for the worker and end it: nothing of it reads a lease after this."""
-        self._worker.shutdown(wait=True)
+        """Wait for this request's work: nothing of it reads a lease after this."""
+        self._settled = True
+        for future in self._pending:
+            future.exception()  # waits; a failure was the request's to tell, or nobody's
 
     def _picks(self, first: int) -> list[Pick]:
         """What of frames [first, seen) the previews show."""
@@ -132,11 +142,9 @@ class PreviewTaker:
             for kind, index, width, height in picks:
                 if self._wait_landed is not None:
                     self._wait_landed(index + 1)
-                scaler = self._scalers.get((width, height))
-                if scaler is None:
-                    scaler = Scaler(self._geometry.layout, width, height)
-                    self._scalers[width, height] = scaler
-                rgb = scaler(frames[index - first])
+                if self._settled:
+                    break  # the request ended meanwhile: its leases are about to go
+                rgb = scale_rgb(frames[index - first], self._geometry.layout, width, height)
                 self._keep(kind, index, rgb)
         finally:
             if release is not None:
@@ -149,6 +157,8 @@ class PreviewTaker:
         with self._lock:
             thumb, sheet = self.plan.thumbnail, self.plan.sheet
             if kind == "thumbnail":
+                if self._thumb is not None and self._thumb[0] > index:
+                    return  # a stream's later frame came first (the work may interleave)
                 self._thumb = (index, rgb)
                 if not self._stream and thumb is not None and index == thumb.index:
                     self._made["thumbnail"] = self._thumbnail()

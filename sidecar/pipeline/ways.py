@@ -196,13 +196,17 @@ class Segments(InDaemon):
         pieces, end = job.feed.drain()
         frame_at = frame_lookup([job.handing.next(job.frames_of(piece)) for piece in pieces])
         job.handing.restart()  # a fallback below hands the same frames out again
+        for piece in pieces:  # the previews read the leases beside the segments' encoders
+            job.see(piece)
         done = encode_segments(
             encoder, frame_at, job.segments, job.cores, lambda: job.stopped, progress.reach
         )
         if done:  # every frame is encoded (or, if not, each is, now)
-            for piece in pieces:
-                job.consumed(piece)
+            # With previews, the leases go at the job's end, once the previews are made.
+            for piece in pieces if job.previews is None else ():
+                job.feed.consumed(piece)
         else:
+            job.restart_previews()  # taken again, as the frames are encoded again
             encode_pieces(
                 encoder,
                 job.checked(pieces),
