@@ -294,6 +294,24 @@ def test_an_existing_preview_is_not_replaced_without_overwrite(daemon: Daemon) -
     assert sorted(p.name for p in folder.iterdir()) == ["7.mp4", "7.sprites.jpg"]
 
 
+def test_a_request_that_goes_wrong_makes_no_previews(daemon: Daemon) -> None:
+    """Previews asked for beside a wrong option, or an encoder that fails: the request's
+    error, nothing written, every lease back, the daemon serving."""
+    folder = daemon.output_dir / "wrong"
+    with daemon.client() as c:
+        with pytest.raises(InvalidArgument, match="crf"):
+            c.encode(
+                VIDEO[:4], fps=FPS, path="wrong/1.mp4", crf=99, thumbnail=True, sprite_sheet=True
+            )
+        with pytest.raises(InvalidArgument, match="tile_width"):
+            c.encode(VIDEO[:4], fps=FPS, path="wrong/2.mp4", sprite_sheet=SpriteSheet(tile_width=8))
+        with pytest.raises(OutOfRange, match="index"):
+            c.encode(VIDEO[:4], fps=FPS, path="wrong/3.mp4", thumbnail=Thumbnail(at=4))
+        assert not folder.exists() or not any(folder.iterdir())
+        assert c.status().pool["active_leases"] <= 1  # the spare at most
+        assert c.encode(VIDEO[:4], fps=FPS, thumbnail=True).thumbnail is not None
+
+
 # -- streams -------------------------------------------------------------------------------
 
 
