@@ -215,8 +215,16 @@ class _StreamCall:
 
     async def _read(self) -> None:
         with self._stream.reading():
-            async for event in self._call:
-                self._stream.take_reply(event)
+            try:
+                async for event in self._call:
+                    self._stream.take_reply(event)
+            except (grpc.RpcError, asyncio.CancelledError):
+                raise
+            except BaseException:
+                # A callback of the caller's raised: as in `SidecarClient`'s stream calls,
+                # the call ends here and the daemon stops the encode.
+                self._call.cancel()
+                raise
 
     async def act(self, op: ops.OnStream) -> None:
         if op.action == "send":

@@ -67,8 +67,10 @@ def check_value_range(value_range: tuple[float, float]) -> tuple[float, float]:
     if key not in VALUE_RANGES or tuple(value_range) != key:
         hint = ""
         if key[1] == 255:
-            hint = "; values in 0..255 go as uint8 (video.astype(np.uint8)), no value_range"
-        raise InvalidVideo(f"value_range {value_range!r}: use (0, 1) or (-1, 1){hint}")
+            hint = "; values in 0..255 go as uint8 (video.astype(np.uint8)), which takes no range"
+        # Each range as `value_range=(a, b)`, which the command line words as its flag.
+        given = f"value_range=({value_range[0]!r}, {value_range[1]!r})"
+        raise InvalidVideo(f"{given}: use value_range=(0, 1) or value_range=(-1, 1){hint}")
     return VALUE_RANGES[key]
 
 

@@ -38,8 +38,9 @@ class SidecarError(Exception):
     """Base class of everything the client raises on purpose."""
 
     code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
-    # True when the call never reached a daemon (none could be connected to): safe to
-    # send again once one answers.
+    # True when the call never reached a daemon (none could be connected to, or the
+    # connection was found closed when the request was to go): safe to send again once
+    # one answers.
     unsent: bool = False
 
     def __init__(self, message: str, *, reason: Reason | None = None) -> None:
@@ -173,7 +174,9 @@ def error_from_rpc(err: grpc.RpcError) -> SidecarError:
     details = (err.details() if hasattr(err, "details") else None) or str(err)
     trailing = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
     error = error_for(code, details, reason_in(trailing))
-    error.unsent = code == grpc.StatusCode.UNAVAILABLE and any(m in details for m in NOT_CONNECTED)
+    error.unsent = code == grpc.StatusCode.UNAVAILABLE and any(
+        m in details for m in (*NOT_CONNECTED, *NOT_WRITTEN)
+    )
     return error
 
 
@@ -185,3 +188,8 @@ NOT_CONNECTED = (
     "Connection refused",
     "Permission denied",
 )
+# What gRPC says of a call whose own write found the connection closed: the daemon left
+# before the request went (a kept EncodeSession call whose daemon died unnoticed). A
+# connection lost once the request went ("Socket closed", a reset) is not among these:
+# the daemon may have taken it.
+NOT_WRITTEN = ("sendmsg: Broken pipe",)

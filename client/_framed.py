@@ -40,6 +40,15 @@ _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 _ENDED = "the daemon ended the framed connection; it is shutting down or restarting"
 
 
+def _closed_before(exc: OSError) -> SidecarUnavailable:
+    """A request whose send found the connection closed: the daemon left (it stopped, or
+    restarts) before the request went, so none can have taken it, and it may be sent
+    again once a daemon answers."""
+    err = SidecarUnavailable(f"the daemon closed the framed connection: {exc.strerror or exc}")
+    err.unsent = True
+    return err
+
+
 def framed_path(target: str, name: str, version: int) -> str:
     """The framed socket beside the gRPC socket `target`, or "" if there is none to use:
     the daemon named none, speaks an older protocol than ours (`version`), the target is
@@ -158,7 +167,10 @@ class FramedConnection:
         sock = self._sock
         sock.settimeout(timeout)
         try:
-            sock.sendall(_frame(request))
+            try:
+                sock.sendall(_frame(request))
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                raise _closed_before(exc) from None
             if landing is not None:
                 landing()
             header = self._read(HEADER_BYTES)
@@ -234,8 +246,11 @@ class AsyncFramedConnection:
         return await self._receive()
 
     async def _send(self, request: Request) -> None:
-        self._writer.write(_frame(request))
-        await self._writer.drain()
+        try:
+            self._writer.write(_frame(request))
+            await self._writer.drain()
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise _closed_before(exc) from None
 
     async def _receive(self) -> pb.FramedReply:
         header = await self._reader.readexactly(HEADER_BYTES)

@@ -182,8 +182,17 @@ class _StreamCall:
 
     def _read(self, op: ops.OpenStream) -> None:
         with op.reader.reading():
-            for event in self._call:
-                op.reader.take_reply(event)
+            try:
+                for event in self._call:
+                    op.reader.take_reply(event)
+            except grpc.RpcError:
+                raise
+            except BaseException:
+                # A callback of the caller's raised (Ctrl-C in on_progress, say): the
+                # replies go unread from now on, so the call ends here and the daemon
+                # stops the encode, as it does when one sent as one request is left.
+                self._call.cancel()
+                raise
 
     def act(self, op: ops.OnStream) -> None:
         if op.action == "send":

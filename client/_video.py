@@ -272,7 +272,7 @@ def _conversion(
         even = f"{width - width % 2}x{height - height % 2}"
         raise InvalidVideo(
             f"{width}x{height}: video is encoded as 4:2:0, which needs an even width and "
-            f"height, whatever pixel_format; crop to {even} (as THWC: "
+            f"height, whatever pixel format travels; crop to {even} (as THWC: "
             f"video[:, :{height - height % 2}, :{width - width % 2}]) or pad to "
             f"{width + width % 2}x{height + height % 2}"
         )

@@ -180,6 +180,20 @@ def test_value_range_takes_a_negative_value_after_a_space(daemon: Daemon, tmp_pa
     assert "layout" in one_line_error(refused, 2)  # refused before any warning is due
 
 
+def test_input_refusals_are_given_in_the_commands_words(daemon: Daemon, tmp_path: Path) -> None:
+    """The client names `value_range=(0, 1)`; the command line says `--value-range 0,1`,
+    and names no parameter of the client's for an odd size."""
+    np.save(tmp_path / "f.npy", np.zeros((4, 32, 32, 3), np.float32))
+    args = ["encode", "f.npy", "--socket", daemon.socket, "--value-range", "0,255"]
+    line = one_line_error(cli(args, tmp_path))
+    assert "--value-range 0,1 or --value-range -1,1" in line, line
+    assert "value_range" not in line and "as uint8" in line, line
+    np.save(tmp_path / "odd.npy", np.zeros((4, 255, 447, 3), np.uint8))
+    args = ["encode", "odd.npy", "--socket", daemon.socket, "--pixel-format", "rgb24"]
+    line = one_line_error(cli(args, tmp_path))
+    assert "even width" in line and "crop to 446x254" in line and "pixel_format" not in line
+
+
 # -- 3. inputs ---------------------------------------------------------------------------
 
 
@@ -509,6 +523,15 @@ def test_daemons_on_two_sockets_each_take_a_prefix_of_their_own(tmp_path: Path) 
         for name in leaked:
             (SHM_DIR / name).unlink(missing_ok=True)
     assert not leaked, (tmp_path / "daemons.log").read_text()
+
+
+def test_troubleshooting_says_every_command_derives_the_prefix() -> None:
+    """The advice for a prefix another daemon owns names `serve` among the commands that
+    derive it from the socket, and the settings that name one instead."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "troubleshooting.md").read_text()
+    item = next(i for i in text.split("\n- ") if "already owns shm prefix" in i)
+    for said in ("`serve`", "`encode`", "`demo`", "--shm-prefix", "VIDEO_SIDECAR_SHM_PREFIX"):
+        assert said in item, said
 
 
 def test_no_daemon_is_started_for_a_network_address(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from client import FrameRange, NotFound
+from client import DeadlineExceeded, FrameRange, NotFound
 from client.patterns import moving_pattern
 from sidecar.pool.leases import SPARE_TTL
 
@@ -96,20 +96,64 @@ def test_totals_add_up_with_each_outcome_labelled(make_daemon) -> None:  # type:
     assert "totals   3 requests: 1 ok, 1 failed, 1 cancelled, 0 in flight" in human, human
 
 
-def test_an_encode_its_client_cancelled_logs_the_frames_it_encoded(make_daemon) -> None:  # type: ignore[no-untyped-def]
-    """As Ctrl-C in the client does: the log says how far the encode got, not frames=0."""
-    d = make_daemon(framed_socket=False)
-    grain = np.random.default_rng(3).integers(0, 256, (90, 256, 448, 3), dtype=np.uint8)
+@pytest.mark.parametrize("framed", [True, False], ids=["framed", "grpc"])
+def test_an_encode_its_client_stopped_logs_the_frames_it_encoded(make_daemon, framed: bool) -> None:  # type: ignore[no-untyped-def]
+    """As Ctrl-C in the client does (over gRPC, from its progress callback), or a deadline
+    that passes (on the framed socket, which closes the connection): the log says how far
+    the encode got, as a lower bound, not frames=0 as if none were encoded."""
+    d = make_daemon(framed_socket=framed, slabs=8)  # 128 MiB: the 62 MB video is one request
+    grain = np.random.default_rng(3).integers(0, 256, (180, 256, 448, 3), dtype=np.uint8)
 
     def interrupt(done: int, total: int) -> None:
         if done:
             raise KeyboardInterrupt
 
     with d.client() as c:
-        with pytest.raises(KeyboardInterrupt):
-            c.encode(grain, preset="medium", on_progress=interrupt, request_id="interrupted")
+        if framed:
+            with pytest.raises(DeadlineExceeded):
+                c.encode(grain, preset="veryslow", timeout=1.5, request_id="interrupted")
+        else:
+            with pytest.raises(KeyboardInterrupt):
+                c.encode(grain, preset="medium", on_progress=interrupt, request_id="interrupted")
         _settled(c)
     line = next(x for x in d.log().splitlines() if "request_id=interrupted status=" in x)
+    assert "status=CANCELLED" in line or "status=DEADLINE_EXCEEDED" in line, line
+    assert " frames=" not in line, line  # no exact count is claimed
+    frames = re.search(r" frames_at_least=(\d+) ", line)
+    assert frames and 0 < int(frames.group(1)) < 180, line
+
+
+def test_a_streamed_encode_whose_progress_callback_raises_is_stopped(  # type: ignore[no-untyped-def]
+    make_daemon, connect, twin: str
+) -> None:
+    """A video larger than half the pool goes as a stream: Ctrl-C in its progress callback
+    (an error, on the async twin, whose loop must go on) stops the daemon's encode at
+    once, as it does for one sent as one request, rather than leaving the call open with
+    the encode running on and its replies unread until the client closes."""
+    d = make_daemon()  # 64 MiB: a video over 32 MiB goes as a stream
+    grain = np.random.default_rng(5).integers(0, 256, (120, 256, 448, 3), dtype=np.uint8)
+    stop = KeyboardInterrupt if twin == "sync" else RuntimeError
+
+    def interrupt(done: int, total: int) -> None:
+        if done:
+            raise stop("stop")
+
+    with connect(d) as c:
+        started = time.monotonic()
+        with pytest.raises(stop):
+            c.encode(grain, preset="medium", on_progress=interrupt, request_id="stopped")
+        while "request_id=stopped status=" not in d.log():
+            assert time.monotonic() - started < 10, d.log()[-2000:]
+            time.sleep(0.05)
+        assert c.status().active_encodes == 0
+    line = next(x for x in d.log().splitlines() if "request_id=stopped status=" in x)
     assert "status=CANCELLED" in line, line
-    frames = re.search(r"frames=(\d+)", line)
-    assert frames and int(frames.group(1)) > 0, line
+    frames = re.search(r" frames_at_least=(\d+) ", line)
+    assert frames and 0 < int(frames.group(1)) < 120, line
+
+
+def test_the_log_line_is_documented_as_it_is_written() -> None:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
+    assert "`frames=N`" in text and "`frames_at_least=N`" in text and "lower" in text

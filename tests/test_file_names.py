@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -16,7 +17,13 @@ from client import InvalidArgument, SidecarClient
 from client.patterns import moving_pattern
 from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
-from sidecar.vocabulary import WIRE_WORDS, FileNameError, file_container
+from sidecar.vocabulary import (
+    CONTAINERS,
+    FILE_EXTENSIONS,
+    WIRE_WORDS,
+    FileNameError,
+    file_container,
+)
 
 from .helpers import Daemon, RawFramed, decode
 
@@ -29,6 +36,25 @@ def is_mp4(data: bytes) -> bool:
 
 
 # -- the rule -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("page", ["client.md", "configuration.md"])
+def test_the_documentation_states_the_rule_as_the_code_has_it(page: str) -> None:
+    """Each extension with the container it picks and those it takes, as in
+    `FILE_EXTENSIONS`; the client's page points at the table and calls no container the
+    default of a file."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / page).read_text()
+    flat = " ".join(text.split())
+    for ext, names in FILE_EXTENSIONS.items():
+        assert f"`{ext}`" in flat, ext
+        assert f"`{ext}` is `{names[0]}`" in flat or f"| `{ext}` | `{names[0]}` |" in flat, ext
+        takes = " or ".join(f"`{n}`" for n in names)
+        assert f"`{ext}` takes {takes}" in flat or ", ".join(f"`{n}`" for n in names) in flat
+    assert all(f"`{name}`" in flat for name in CONTAINERS)
+    if page == "client.md":
+        assert "configuration.md#file-names-and-containers" in flat
+        assert '`container="mp4"` (default' not in flat
+        assert file_container("jobs/X.WEBM") == "webm" and "in any case" in flat
 
 
 @pytest.mark.parametrize(

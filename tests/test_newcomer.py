@@ -23,12 +23,13 @@ from client import (
     SidecarUnavailable,
 )
 from client._channel import explained
-from client._errors import error_for
+from client._errors import error_for, error_from_rpc
 from client.patterns import moving_pattern
 
 from .helpers import Daemon
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
 
 
 # -- shapes and refusals -------------------------------------------------------------------
@@ -60,7 +61,7 @@ def test_tiny_frames_only_with_layout(client: Any) -> None:
         (
             np.zeros((4, 255, 447, 3), np.uint8),
             {"pixel_format": "rgb24"},
-            r"whatever pixel_format; crop",
+            r"whatever pixel format travels; crop",
             None,
         ),
         (
@@ -121,12 +122,20 @@ def test_every_call_on_a_closed_client_raises_sidecar_closed(daemon: Any, connec
 # -- daemon restarts and missing daemons ----------------------------------------------------
 
 
-def test_a_client_carries_on_across_a_daemon_restart(make_daemon: Any, connect: Any) -> None:
+# The daemon with its framed socket, where one-reply encodes go, and without, where they
+# go over gRPC (a kept EncodeSession call, or EncodeOnce with a timeout).
+TRANSPORTS = pytest.mark.parametrize("framed", [True, False], ids=["framed", "grpc"])
+
+
+@TRANSPORTS
+def test_a_client_carries_on_across_a_daemon_restart(
+    make_daemon: Any, connect: Any, framed: bool
+) -> None:
     """SIGKILLed, then started again on the same socket: the same client's next encodes
     all succeed at once, although its channel is still waiting to reconnect (it backs
     off up to a second). The new daemon takes the socket's place only once it serves, so
     that the client's channel cannot have found it by itself in the meantime."""
-    d = make_daemon()
+    d = make_daemon(framed_socket=framed)
     video = moving_pattern(6, 64, 64)
     with connect(d) as c:
         assert c.encode(video).frames == 6
@@ -136,7 +145,7 @@ def test_a_client_carries_on_across_a_daemon_restart(make_daemon: Any, connect: 
         with pytest.raises(SidecarUnavailable, match="no daemon answers at"):
             c.status()
         time.sleep(3)  # the client's channel now retries once a second at most
-        again = Daemon(d.prefix, socket=str(d.dir / "next.sock")).start()
+        again = Daemon(d.prefix, socket=str(d.dir / "next.sock"), framed_socket=framed).start()
         try:
             os.replace(again.socket, d.socket)  # it serves there from now on
             assert [c.encode(video).frames for _ in range(5)] == [6] * 5
@@ -146,10 +155,13 @@ def test_a_client_carries_on_across_a_daemon_restart(make_daemon: Any, connect: 
             again.cleanup()
 
 
-def test_a_restart_is_waited_for_within_the_timeout(make_daemon: Any, connect: Any) -> None:
+@TRANSPORTS
+def test_a_restart_is_waited_for_within_the_timeout(
+    make_daemon: Any, connect: Any, framed: bool
+) -> None:
     """While the daemon is down an encode fails, as unavailable, once its timeout is
     spent, naming how to start one."""
-    d = make_daemon()
+    d = make_daemon(framed_socket=framed)
     video = moving_pattern(4, 64, 64)
     with connect(d, timeout=2) as c:
         c.encode(video)
@@ -162,6 +174,54 @@ def test_a_restart_is_waited_for_within_the_timeout(make_daemon: Any, connect: A
         assert 1.5 < time.monotonic() - started < 10
         d.start()
         assert c.encode(video).frames == 4
+
+
+def test_a_kept_connection_the_daemon_left_unnoticed_is_sent_again(
+    make_daemon: Any, connect: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon dies between the client's check that its kept framed connection is
+    still open and the request's send (made certain here: the check always says open).
+    The send finds the connection closed, so nothing went: the encode waits for the
+    daemon, attaches again and goes on, as one that found no daemon at all does."""
+    from client import _framed
+
+    for kind in (_framed.FramedConnection, _framed.AsyncFramedConnection):
+        monkeypatch.setattr(kind, "open", property(lambda self: True))
+    d = make_daemon()
+    video = moving_pattern(6, 64, 64)
+    with connect(d) as c:
+        assert c.encode(video).frames == 6  # its framed connection kept for the next
+        d.kill()
+        d.start()
+        assert c.encode(video, timeout=10).frames == 6
+
+
+def test_a_request_gRPC_could_not_write_counts_as_unsent() -> None:
+    """A kept EncodeSession call whose daemon died unnoticed: gRPC fails the request's
+    own write, so it never went and is sent again once a daemon answers. A connection
+    lost after a request went out is not: the daemon may have taken it."""
+    unwritten = "Stream removed (sendmsg: Broken pipe (32))"
+    assert error_from_rpc(_RpcError(grpc.StatusCode.UNAVAILABLE, unwritten)).unsent
+    for code, details in (
+        (grpc.StatusCode.UNAVAILABLE, "Socket closed"),
+        (grpc.StatusCode.UNAVAILABLE, "Connection reset by peer"),
+        (grpc.StatusCode.INTERNAL, unwritten),
+    ):
+        assert not error_from_rpc(_RpcError(code, details)).unsent, details
+
+
+class _RpcError(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> tuple[()]:
+        return ()
 
 
 def test_no_daemon_is_said_as_the_cli_says_it(tmp_path: Path, twin: str, connect: Any) -> None:
@@ -205,3 +265,36 @@ def test_the_client_documentation_names_what_a_newcomer_needs() -> None:
         "no daemon answers at",
     ):
         assert needed in text, needed
+
+
+def test_the_readme_says_which_calls_survive_a_restart() -> None:
+    """Which calls wait for a restarting daemon and go on, and which raise: in the README,
+    pointing at the whole story in docs/client.md."""
+    readme = (ROOT / "README.md").read_text()
+    said = next((p for p in readme.split("\n- ") if "restart" in p and "retried" in p), "")
+    assert said, "the README says which calls are retried across a daemon restart"
+    for call in ("encode()", "lease()", "stream()", "encode_leased()", "status()", "health()"):
+        assert call in said, call
+    assert "raise" in said and "SidecarUnavailable" in said, said
+    anchor = "docs/client.md#when-the-daemon-is-away-restarts-or-the-client-is-closed"
+    assert (
+        anchor in said
+        and "### When the daemon is away, restarts, or the client is closed"
+        in (DOCS / "client.md").read_text()
+    )
+
+
+def test_the_readme_says_how_to_install_outside_a_checkout() -> None:
+    """Not on PyPI: the README gives the commands for a wheel (named as the build names it
+    for this version) and for pip from the repository, with the extras."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    readme = (ROOT / "README.md").read_text()
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert "not on PyPI" in readme
+    assert "pip install build && python -m build --wheel" in readme
+    assert f"video_sidecar-{version}-py3-none-any.whl[metrics]" in readme
+    assert "pip install 'video-sidecar[metrics] @ git+" in readme

@@ -120,12 +120,17 @@ class Outcomes:
     def _report(
         self, request_id: str, outcome: str, error: str, frames: int, size: int, since: float
     ) -> None:
-        """The encode's log line and metrics."""
+        """The encode's log line and metrics. An encode with a result logs its frames
+        (`frames=`); one that ended without (refused, cancelled, stopped, failed) logs
+        those its encoder had taken by its last progress event (`frames_at_least=`), a
+        lower bound: those events come at most every `events.PROGRESS_INTERVAL`."""
         seconds = time.perf_counter() - since
+        counted = "frames" if outcome == "OK" else "frames_at_least"
         log.info(
-            "encode request_id=%s status=%s frames=%d bytes=%d ms=%.1f%s",
+            "encode request_id=%s status=%s %s=%d bytes=%d ms=%.1f%s",
             request_id,
             outcome,
+            counted,
             frames,
             size,
             seconds * 1e3,
@@ -133,7 +138,7 @@ class Outcomes:
             extra={
                 "request_id": request_id,
                 "status": outcome,
-                "frames": frames,
+                counted: frames,
                 "bytes": size,
                 "ms": round(seconds * 1e3, 1),
                 **({"error": error} if error else {}),
