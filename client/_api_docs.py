@@ -68,16 +68,16 @@ Args:
     request_id: the id the daemon logs this request under and returns in
         `result.request_id`; empty for a generated one.
     thumbnail: one frame as a still image beside the video, in
-        `result.thumbnail`: a `Thumbnail(at="middle", max_width=0, max_height=0,
-        format="jpeg", quality=0)`, `at` "first", "middle", "last", a frame index
-        (int) or a time in seconds (float); 0 is the daemon's default (640x360,
-        quality 85). True: the defaults.
+        `result.thumbnail`: a `Thumbnail(at="middle", max_width=None,
+        max_height=None, format="jpeg", quality=None)`, `at` "first", "middle",
+        "last", a frame index (int) or a time in seconds (float); None is the
+        daemon's default (640x360, quality 85). True: the defaults.
     sprite_sheet: frames as tiles of one image, for a seek bar, in
         `result.sprite_sheet` with its layout (`Preview.tile_at(time_s)`): a
-        `SpriteSheet(tiles=0, interval_s=0.0, tile_width=0, columns=0,
-        format="jpeg", quality=0)`, `tiles` frames evenly spread or one every
-        `interval_s`; 0 is the daemon's default (10 tiles, 160 pixels wide, 5 to a
-        row). True: the defaults. Previews come back as the video does: files
+        `SpriteSheet(tiles=None, interval_s=None, tile_width=None, columns=None,
+        format="jpeg", quality=None)`, `tiles` frames evenly spread or one every
+        `interval_s`; None is the daemon's default (10 tiles, 160 pixels wide, 5
+        to a row), and 0 is refused. True: the defaults. Previews come back as the video does: files
         beside a file output (`jobs/42.mp4` gets `jobs/42.thumbnail.jpg` and
         `jobs/42.sprites.jpg`; `overwrite` applies to them too), else their bytes
         in `Preview.data`. Limits: docs/previews.md.

@@ -37,28 +37,28 @@ class Thumbnail:
     kept, never enlarged).
 
     `at`: "first", "middle" or "last", a frame index (an int, from 0) or a time in
-    seconds (a float: the frame shown then). 0 leaves a field to the daemon's default
-    (640x360, quality 85). `format`: "jpeg" or "webp"; `quality`: 1-100.
+    seconds (a float: the frame shown then). None leaves a field to the daemon's
+    default (640x360, quality 85). `format`: "jpeg" or "webp"; `quality`: 1-100.
     """
 
     at: str | int | float = "middle"
-    max_width: int = 0
-    max_height: int = 0
+    max_width: int | None = None
+    max_height: int | None = None
     format: str = "jpeg"
-    quality: int = 0
+    quality: int | None = None
 
     def __post_init__(self) -> None:
         _check_at(self.at)
         for name in ("max_width", "max_height", "quality"):
-            whole(f"Thumbnail.{name}", getattr(self, name), *UINT32)
+            _counted(f"Thumbnail.{name}", getattr(self, name))
         one_of("Thumbnail.format", self.format, FORMATS)
 
     def proto(self) -> pb.Thumbnail:
         made = pb.Thumbnail(
-            max_width=self.max_width,
-            max_height=self.max_height,
+            max_width=self.max_width or 0,  # 0 on the wire: the daemon's default
+            max_height=self.max_height or 0,
             format=cast("pb.ImageFormat", IMAGE_FORMATS[self.format]),
-            quality=self.quality,
+            quality=self.quality or 0,
         )
         if isinstance(self.at, str):
             made.pick = cast("pb.FramePick", FRAME_PICKS[self.at])
@@ -76,32 +76,43 @@ class SpriteSheet:
 
     `tiles`: that many frames, evenly spread; or `interval_s`: a frame every that many
     seconds from the first (a stream's only way: its length is known only at its end).
-    0 leaves a field to the daemon's default (10 tiles, or 1 s in a stream; 160 pixels;
-    5 columns; quality 85). `format`: "jpeg" or "webp"; `quality`: 1-100.
+    None leaves a field to the daemon's default (10 tiles, or 1 s in a stream; 160
+    pixels; 5 columns; quality 85). `format`: "jpeg" or "webp"; `quality`: 1-100.
     """
 
-    tiles: int = 0
-    interval_s: float = 0.0
-    tile_width: int = 0
-    columns: int = 0
+    tiles: int | None = None
+    interval_s: float | None = None
+    tile_width: int | None = None
+    columns: int | None = None
     format: str = "jpeg"
-    quality: int = 0
+    quality: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("tiles", "tile_width", "columns", "quality"):
-            whole(f"SpriteSheet.{name}", getattr(self, name), *UINT32)
-        finite("SpriteSheet.interval_s", self.interval_s)
+            _counted(f"SpriteSheet.{name}", getattr(self, name))
+        if self.interval_s is not None and finite("SpriteSheet.interval_s", self.interval_s) <= 0:
+            raise InvalidArgument(
+                f"SpriteSheet.interval_s must be above 0 seconds (None: the daemon's "
+                f"default), got {self.interval_s!r}"
+            )
         one_of("SpriteSheet.format", self.format, FORMATS)
 
     def proto(self) -> pb.SpriteSheet:
-        return pb.SpriteSheet(
-            tiles=self.tiles,
-            interval_s=float(self.interval_s),
-            tile_width=self.tile_width,
-            columns=self.columns,
+        return pb.SpriteSheet(  # 0 on the wire: the daemon's default
+            tiles=self.tiles or 0,
+            interval_s=float(self.interval_s or 0.0),
+            tile_width=self.tile_width or 0,
+            columns=self.columns or 0,
             format=cast("pb.ImageFormat", IMAGE_FORMATS[self.format]),
-            quality=self.quality,
+            quality=self.quality or 0,
         )
+
+
+def _counted(name: str, value: Any) -> None:
+    """A count or size: None for the daemon's default, else at least 1 (0 of something
+    is not a preview)."""
+    if value is not None:
+        whole(name, value, 1, UINT32[1])
 
 
 def _check_at(at: Any) -> None:

@@ -84,7 +84,11 @@ def check_sheet(sheet: Preview, video: np.ndarray, factor: int) -> None:
         (lambda: Thumbnail(max_height=180.0), "Thumbnail.max_height must be a whole number"),
         (lambda: Thumbnail(quality="85"), "Thumbnail.quality must be a whole number"),
         (lambda: SpriteSheet(tiles=False), "SpriteSheet.tiles must be a whole number"),
-        (lambda: SpriteSheet(columns=-1), "SpriteSheet.columns must be 0 to"),
+        (lambda: SpriteSheet(columns=-1), "SpriteSheet.columns must be 1 to"),
+        (lambda: SpriteSheet(tiles=0), "SpriteSheet.tiles must be 1 to"),
+        (lambda: SpriteSheet(tile_width=0), "SpriteSheet.tile_width must be 1 to"),
+        (lambda: Thumbnail(max_width=0), "Thumbnail.max_width must be 1 to"),
+        (lambda: SpriteSheet(interval_s=0), "SpriteSheet.interval_s must be above 0"),
         (lambda: SpriteSheet(interval_s=float("nan")), "interval_s must be a finite number"),
         (lambda: SpriteSheet(interval_s=True), "SpriteSheet.interval_s must be a number"),
         (lambda: SpriteSheet(format="gif"), "SpriteSheet.format must be one of jpeg, webp"),
@@ -113,9 +117,9 @@ def test_what_can_go_into_a_request() -> None:
 
 
 @pytest.mark.parametrize(("frames", "fps"), [(24, (24, 1)), (97, (30000, 1001)), (7, (25, 1))])
-@pytest.mark.parametrize("tiles", [0, 3, 10, 13, 100])
+@pytest.mark.parametrize("tiles", [None, 3, 10, 13, 100])
 def test_a_whole_video_sent_as_a_stream_shows_the_frames_a_request_would(
-    frames: int, fps: tuple[int, int], tiles: int
+    frames: int, fps: tuple[int, int], tiles: int | None
 ) -> None:
     """Its header names the middle frame by index, and `tiles` as the interval between
     them, which the daemon's stream plan turns back into the same frames."""

@@ -171,19 +171,19 @@ def previews_of(args: argparse.Namespace) -> tuple[Thumbnail | None, SpriteSheet
     wants_thumbnail, wants_sheet = asked_previews(args)
     image: dict[str, Any] = {
         "format": args.image_format or "jpeg",
-        "quality": args.image_quality or 0,
+        "quality": args.image_quality,
     }
     thumbnail = sheet = None
     if wants_thumbnail:
-        width, height = args.thumbnail_size or (0, 0)
+        width, height = args.thumbnail_size or (None, None)
         at = args.thumbnail_at if args.thumbnail_at is not None else "middle"
         thumbnail = Thumbnail(at=at, max_width=width, max_height=height, **image)
     if wants_sheet:
         sheet = SpriteSheet(
-            tiles=args.sprite_tiles or 0,
-            interval_s=args.sprite_interval or 0.0,
-            tile_width=args.sprite_tile_width or 0,
-            columns=args.sprite_columns or 0,
+            tiles=args.sprite_tiles,
+            interval_s=args.sprite_interval,
+            tile_width=args.sprite_tile_width,
+            columns=args.sprite_columns,
             **image,
         )
     return thumbnail, sheet
