@@ -459,7 +459,8 @@ def test_streams_left_or_cancelled_at_any_moment_end_as_cancelled(  # type: igno
     time.sleep(0.3)
     records = [json.loads(line) for line in d.log().splitlines() if line.startswith("{")]
     ends = [r["status"] for r in records if "status" in r]
-    assert ends and set(ends) == {"CANCELLED"}, [r for r in records if "status" in r][:5]
+    odd = [r for r in records if r.get("status", "CANCELLED") != "CANCELLED"]
+    assert ends and not odd, odd[:5]
 
 
 def test_a_stalled_daemon_holds_a_stream_no_longer_than_its_timeout(make_daemon, connect) -> None:  # type: ignore[no-untyped-def]

@@ -149,7 +149,7 @@ class Outcomes:
 
 
 # How long a stream's lease not found waits for the call's cancel (see `_left_first`).
-LEFT_FIRST_WAIT_S = 0.5
+LEFT_FIRST_WAIT_S = 2.0
 
 
 async def _left_first(exc: SidecarError, end: CallEnd) -> SidecarError:
@@ -157,7 +157,8 @@ async def _left_first(exc: SidecarError, end: CallEnd) -> SidecarError:
     back the leases it took, and its Release may overtake a chunk naming one that gRPC
     had received but the stream had not yet read, while the call's cancel is still on
     its way here. So a lease not found waits up to `LEFT_FIRST_WAIT_S` to tell which
-    (0.1 s was too short on two cores held by other work)."""
+    (0.1 s, then 0.5 s, were too short on two cores held by other work: the cancel came
+    later than the Release, which went on another connection)."""
     if not isinstance(exc, LeaseNotFound):
         return exc
     until = asyncio.get_running_loop().time() + LEFT_FIRST_WAIT_S
