@@ -117,9 +117,12 @@ def test_output_disk_full(make_daemon, connect, tmp_path: Path) -> None:
 
 def test_output_file_size_limit(make_daemon, connect) -> None:
     """The same failure where mounting is not allowed: a file-size limit on the daemon."""
-    d = make_daemon(start=False, slabs=4, slab_size="1MiB")
+    d = make_daemon(slabs=4, slab_size="1MiB")
     limit = 3 * 1024 * 1024
-    d.start(preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+    # Set on the running daemon, not in a preexec_fn: a fork of this process while its
+    # gRPC threads run can take gRPC's state into the child before it execs.
+    assert d.process is not None
+    resource.prlimit(d.process.pid, resource.RLIMIT_FSIZE, (limit, limit))
     with connect(d) as c:
         with pytest.raises(ResourceExhausted, match="file size limit") as info:
             c.encode(noisy(60), crf=0, path="big/out.mp4")
