@@ -139,6 +139,10 @@ FRAME_PICK_BY_PROTO: dict[int, str] = {
     pb.FRAME_PICK_LAST: "last",
 }
 FRAME_PICKS: dict[str, int] = {name: value for value, name in FRAME_PICK_BY_PROTO.items() if name}
+# A preview's file beside a video `NAME.EXT`: NAME, its kind's infix, its format's suffix
+# (`jobs/42.thumbnail.jpg`): the daemon's rule for a file output, and the CLI's for -o.
+PREVIEW_FILE_INFIX = {"thumbnail": ".thumbnail", "sprite_sheet": ".sprites"}
+IMAGE_SUFFIX = {"jpeg": ".jpg", "webp": ".webp"}
 
 # A file's extension says its container: the one a file output is written in when none is
 # named (the first of its row), and those that may be named for it. One table for the

@@ -21,6 +21,7 @@ import numpy as np
 from av.video.codeccontext import VideoCodecContext
 from av.video.reformatter import ColorRange, Colorspace, VideoReformatter
 
+from ..vocabulary import IMAGE_SUFFIX
 from .frames import PixelLayout
 
 
@@ -35,8 +36,8 @@ class ImageFormat:
 
 IMAGE_FORMATS: dict[str, ImageFormat] = {
     # 4:4:4 JPEG: no chroma loss on small images, and every browser shows it.
-    "jpeg": ImageFormat("jpeg", "mjpeg", "yuvj444p", "image/jpeg", ".jpg"),
-    "webp": ImageFormat("webp", "libwebp", "yuv420p", "image/webp", ".webp"),
+    "jpeg": ImageFormat("jpeg", "mjpeg", "yuvj444p", "image/jpeg", IMAGE_SUFFIX["jpeg"]),
+    "webp": ImageFormat("webp", "libwebp", "yuv420p", "image/webp", IMAGE_SUFFIX["webp"]),
 }
 
 

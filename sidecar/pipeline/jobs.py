@@ -226,7 +226,7 @@ class EncodeJob:
     def restart_previews(self) -> None:
         """Forget the frames the previews took (an encode that starts again takes them
         anew)."""
-        if self.previews is not None:
+        if self.previews is not None and self.previews.started:
             self.previews.settle()
             self.previews = self._preview_taker()
 

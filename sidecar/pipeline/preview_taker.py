@@ -81,6 +81,11 @@ class PreviewTaker:
         self._pending = [f for f in self._pending if not f.done() or f.exception()]
         self._pending.append(_workers().submit(self._scale, frames, first, picks, release))
 
+    @property
+    def started(self) -> bool:
+        """Whether it has taken any frame."""
+        return self._seen > 0
+
     def images(self) -> list[PreviewImage]:
         """The previews, the thumbnail first, once all their frames are taken."""
         for future in self._pending:

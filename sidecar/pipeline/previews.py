@@ -19,6 +19,7 @@ from fractions import Fraction
 from ..codec.frames import Geometry
 from ..codec.images import IMAGE_FORMATS, ImageFormat
 from ..errors import InvalidRequest, OutOfRange
+from ..vocabulary import PREVIEW_FILE_INFIX
 from .requests import PreviewRequest, SpriteSheetRequest, ThumbnailRequest
 
 # Limits, and the defaults of fields left 0 (docs/previews.md).
@@ -59,7 +60,7 @@ class SheetPlan:
 
 
 # A preview's file beside a file output `NAME.EXT`: NAME + this + its format's suffix.
-FILE_INFIX = {"thumbnail": ".thumbnail", "sprite_sheet": ".sprites"}
+FILE_INFIX = PREVIEW_FILE_INFIX
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,8 @@ import math
 import re
 from typing import TYPE_CHECKING, Any
 
+from ..vocabulary import IMAGE_SUFFIX, PREVIEW_FILE_INFIX
+
 if TYPE_CHECKING:
     from client import SpriteSheet, Thumbnail
 
@@ -20,8 +22,8 @@ PICKS = ("first", "middle", "last")
 IMAGE_FORMATS = ("jpeg", "webp")
 # A preview's file beside the output `NAME.EXT`: NAME, its kind's infix, its format's
 # extension; as the daemon names them beside a file output.
-FILE_INFIX = {"thumbnail": ".thumbnail", "sprite_sheet": ".sprites"}
-FILE_SUFFIX = {"jpeg": ".jpg", "webp": ".webp"}
+FILE_INFIX = PREVIEW_FILE_INFIX  # the daemon's naming, from the vocabulary
+FILE_SUFFIX = IMAGE_SUFFIX
 
 THUMBNAIL_FLAGS = ("thumbnail_at", "thumbnail_size")
 SHEET_FLAGS = ("sprite_tiles", "sprite_interval", "sprite_tile_width", "sprite_columns")
