@@ -146,10 +146,16 @@ def test_shm_too_small_is_a_clear_startup_error(tmp_path: Path) -> None:
             daemon.cleanup()
 
 
-@pytest.mark.parametrize("frames", [50, 120])  # one Encode call; a stream (over half the pool)
-def test_deadline_stops_the_encode_and_leaves_nothing(make_daemon, connect, frames: int) -> None:
-    d = make_daemon()
-    long_video = moving_pattern(frames, 288, 512)
+# One Encode call (under half the pool), and a stream (over half). Each encode would take
+# seconds on a fast core: the deadline, not the machine's speed, must be what ends it.
+@pytest.mark.parametrize(
+    ("frames", "height", "width", "slabs"), [(50, 576, 1024, 8), (200, 288, 512, 4)]
+)
+def test_deadline_stops_the_encode_and_leaves_nothing(
+    make_daemon, connect, frames: int, height: int, width: int, slabs: int
+) -> None:
+    d = make_daemon(slabs=slabs, slab_size="16MiB")
+    long_video = moving_pattern(frames, height, width)
     with connect(d) as c:
         with pytest.raises(DeadlineExceeded):
             c.encode(long_video, preset="veryslow", threads=1, path="late.mp4", timeout=0.5)

@@ -238,13 +238,13 @@ def test_a_stranger_is_hung_up_on(daemon: Daemon, preamble: bytes, then: bytes) 
 def test_closing_the_connection_stops_its_encode(daemon: Daemon) -> None:
     from client import SidecarClient
 
-    slow = moving_pattern(48, 176, 320)
+    slow = moving_pattern(96, 176, 320)  # RGB in one slab; most of a second to encode
     with SidecarClient(daemon.socket) as c:
         token = c.attach().client_token
         video = pb.VideoDescriptor(
             width=320, height=176, pixel_format=pb.PIXEL_FORMAT_RGB24,
             fps=pb.Rational(num=24, den=1),
-            ranges=[pb.FrameRange(lease_id=filled_lease(c, slow), frame_count=48)],
+            ranges=[pb.FrameRange(lease_id=filled_lease(c, slow), frame_count=96)],
         )  # fmt: skip
         codec = pb.CodecOptions(preset="veryslow", threads=1, crf=0)
         output = pb.OutputSpec()
@@ -271,7 +271,8 @@ def test_a_deadline_on_the_framed_socket_stops_the_encode(daemon: Daemon, connec
     the encode and frees its leases. The client's next encode works."""
     from client import DeadlineExceeded
 
-    slow = moving_pattern(48, 176, 320)  # 3.9 MiB as 4:2:0: one reply; 0.5 s on two cores
+    # 12 MiB as 4:2:0: one reply; over a second at this preset on a fast core
+    slow = moving_pattern(144, 176, 320)
     request_id = f"late-{id(connect)}"
     with connect(daemon) as c:
         c.encode(CLIP)

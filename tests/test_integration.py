@@ -646,7 +646,7 @@ def test_cancelling_an_awaited_one_reply_encode_stops_it(daemon: Daemon) -> None
 
     from client import AsyncSidecarClient
 
-    slow = moving_pattern(48, 176, 320)  # 3.9 MiB as 4:2:0: one reply
+    slow = moving_pattern(144, 176, 320)  # 12 MiB as 4:2:0: one reply; seconds to encode
 
     async def main() -> tuple[int, int, int]:
         async with AsyncSidecarClient(daemon.socket) as c:

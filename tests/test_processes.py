@@ -185,7 +185,7 @@ def test_a_process_that_dies_mid_encode_hands_the_frames_on(make_daemon) -> None
     process or in the daemon, and no lease is lost."""
     d = make_daemon(encoder_processes=3)
     clip = moving_pattern(16, 240, 320)
-    encode_until_in_processes(d, clip)
+    encode_until_in_processes(d, clip, preset="slow")
     stop = threading.Event()
 
     killed: list[int] = []
@@ -198,12 +198,15 @@ def test_a_process_that_dies_mid_encode_hands_the_frames_on(make_daemon) -> None
 
     killer = threading.Thread(target=kill_now_and_then)
     killer.start()
-    failed = 0
+    failed = sent = 0
     try:
         with d.client() as c:
-            for _ in range(40):
+            # However fast the machine: forty requests, and at least four processes killed.
+            deadline = time.monotonic() + 60
+            while (sent < 40 or len(killed) < 4) and time.monotonic() < deadline:
+                sent += 1
                 try:
-                    assert c.encode(clip).frames == 16
+                    assert c.encode(clip, preset="slow").frames == 16
                 except ServerError:  # two processes in a row died on it: told, not lost
                     failed += 1
     finally:
@@ -212,10 +215,18 @@ def test_a_process_that_dies_mid_encode_hands_the_frames_on(make_daemon) -> None
     with d.client() as c:
         status = c.status()
         assert c.encode(clip).frames == 16
-    assert failed <= 8, failed  # only where two processes died under the same request
+    assert len(killed) >= 4, killed
+    assert failed * 2 <= len(killed), (failed, len(killed))  # each failure took two deaths
     assert status.pool["active_leases"] <= 1
-    said = d.log()  # which process, and how it ended (reaped at once, or by the next check)
-    assert any(f"encoder process {pid} stopped (exit code -9" in said for pid in killed), said
+
+    def said_stopped() -> bool:  # which process, and how it ended: reaped at once, or by
+        said = d.log()  # the pool's next check, a second or so later for an idle one
+        return any(f"encoder process {pid} stopped (exit code -9" in said for pid in killed)
+
+    deadline = time.monotonic() + 10
+    while not said_stopped() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert said_stopped(), d.log()
 
 
 def test_processes_that_cannot_start_are_said_and_tried_less_often(  # type: ignore[no-untyped-def]

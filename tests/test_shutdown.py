@@ -16,25 +16,32 @@ from client.patterns import moving_pattern
 def test_sigterm_drains_then_unlinks(make_daemon) -> None:
     d = make_daemon(shutdown_grace=30)
     video = moving_pattern(60, 288, 512)
+    chunk = moving_pattern(4, 64, 64)
     outcome: dict[str, object] = {}
 
     def long_encode() -> None:
         with d.client() as c:
             try:
-                outcome["result"] = c.encode(video, preset="slow", threads=1)
+                outcome["result"] = c.encode(video, preset="veryslow", threads=1)
             except Exception as exc:  # the assertion below reports it
                 outcome["error"] = exc
 
     worker = threading.Thread(target=long_encode)
-    with d.client() as probe:
-        probe.status()  # attached and mapped before the encode starts: it must see it run
-        worker.start()
-        deadline = time.monotonic() + 10
+    # A stream this test holds open keeps the daemon draining for as long as the checks
+    # take, on a machine of any speed; the one-call encode is the other kind in flight.
+    with d.client() as probe, d.client() as streamer, streamer.stream(fps=24) as held:
+        held.write(chunk)
+        deadline = time.monotonic() + 10  # the daemon has the stream once it frees the chunk
+        while probe.status().pool["active_leases"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        worker.start()  # a stream between chunks holds no encode slot
         while probe.status().active_encodes == 0 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert probe.status().active_encodes == 1, d.log()
         d.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
-        time.sleep(0.3)
+        deadline = time.monotonic() + 10
+        while probe.health() != "NOT_SERVING" and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert probe.health() == "NOT_SERVING", d.log()
         with pytest.raises(SidecarUnavailable, match="shutting down"):
             try:
@@ -43,9 +50,11 @@ def test_sigterm_drains_then_unlinks(make_daemon) -> None:
                 assert "shutting down" in str(exc), (outcome, d.log())
                 raise
         assert d.segments(), "slabs stay while an encode runs"
-    worker.join(60)
+        held.write(chunk)  # a stream in flight may still send
+        worker.join(60)
     assert "error" not in outcome, outcome.get("error")
     assert outcome["result"].frames == 60  # type: ignore[attr-defined]
+    assert held.result.frames == 8
     assert d.process.wait(30) == 0  # type: ignore[union-attr]
     assert d.segments() == []
 
@@ -73,8 +82,8 @@ def test_streams_in_flight_get_the_grace_period(make_daemon) -> None:  # type: i
 
 
 def test_second_signal_forces_the_exit(make_daemon) -> None:  # type: ignore[no-untyped-def]
-    d = make_daemon(shutdown_grace=120)
-    video = np.random.default_rng(0).integers(0, 255, (120, 288, 512, 3), dtype=np.uint8)
+    d = make_daemon(shutdown_grace=120, slabs=8)  # 128 MiB: the 53 MB video is one request
+    video = moving_pattern(240, 288, 512)  # seconds at this preset, on a fast core too
     errors: list[Exception] = []
 
     def long_encode() -> None:
