@@ -12,7 +12,7 @@ from sidecar.api import framing
 from sidecar.api.v1 import sidecar_pb2 as pb
 
 from .client import SoakClient
-from .requests import CONTAINERS, SLOW_FRAME, SLOW_FRAMES, SLOW_SIZE, chunk, fps
+from .requests import CONTAINERS, SLOW_FRAME, SLOW_FRAMES, SLOW_SIZE, chunk, fps, previews
 from .wire import CODE_OF, SERVICE, Framed
 
 HALF_SENT_KEPT = 16  # half-sent framed connections a fuzzer keeps open at once
@@ -85,11 +85,15 @@ class FramedFuzzing(SoakClient):
         frames = bytes(r.randbytes(SLOW_FRAMES * SLOW_FRAME))
         codec = pb.CodecOptions(preset="veryslow", extra={"x264-params": "rc-lookahead=60"})
         geometry = {"width": SLOW_SIZE[0], "height": SLOW_SIZE[1], "pixel_format": 1}
+        # Half of them with a thumbnail or sprite sheet: preview work stops with the encode.
+        asked = previews(r) if r.random() < 0.5 else None
         sent = time.monotonic()
         if r.random() < 0.5:
             header = pb.StreamHeader(
                 client_token=self.token, request_id=request_id, codec=codec, fps=fps(), **geometry
             )
+            if asked is not None:
+                header.previews.CopyFrom(asked)
             header.output.container = CONTAINERS["fmp4"]  # type: ignore[assignment]
 
             def messages() -> Iterator[pb.StreamRequest]:
@@ -109,6 +113,8 @@ class FramedFuzzing(SoakClient):
             request = pb.EncodeRequest(
                 client_token=self.token, request_id=request_id, video=video, codec=codec
             )
+            if asked is not None:
+                request.previews.CopyFrom(asked)
             data = framing.PREAMBLE + framing.pack(framing.wrap(request))
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
                 sock.connect(self.framed.path)

@@ -10,7 +10,7 @@ import grpc
 from sidecar.api.v1 import sidecar_pb2 as pb
 
 from .framed import FramedFuzzing
-from .requests import CONTAINERS, EXTRA, FRAME, LEASE, PATHS, SMALL, chunk, fps, i64, text
+from .requests import CONTAINERS, EXTRA, FRAME, LEASE, PATHS, SMALL, chunk, fps, i64, previews, text
 from .wire import METHODS, SERVICE
 
 
@@ -42,6 +42,8 @@ class Fuzzer(FramedFuzzing):
         video = pb.VideoDescriptor(width=side(), height=side(), pixel_format=fmt, ranges=ranges)
         video.fps.CopyFrom(fps() if r.random() < 0.6 else fps(r))
         request = pb.EncodeRequest(client_token=self.token, video=video, codec=codec, output=output)
+        if r.random() < 0.3:
+            request.previews.CopyFrom(previews(r, hostile=True))
         code = self.call("descriptor", self.encode_method(), request)
         self.settle("descriptor", lease.lease_id, code)
 
@@ -78,11 +80,14 @@ class Fuzzer(FramedFuzzing):
             request.output.file.path = f"soak/{self.seed}-{r.randrange(20)}.{container}"
             request.output.file.overwrite = r.random() < 0.7
         detail = f"{container} {codec} {options}" if extra else container
+        if not extra and r.random() < 0.3:  # a thumbnail or sprite sheet beside the video
+            request.previews.CopyFrom(previews(r))
+            detail += " previews"
         if not extra and r.random() < 0.4:
             data, more = self.audio(request)
             request.audio_data.extend(data)
             detail += more
-        kind = "extra" if extra else "encode"
+        kind = "extra" if extra else "encode-previews" if request.HasField("previews") else "encode"
         code = self.call(kind, self.encode_method(), request, detail)
         self.settle(kind, lease.lease_id, code)
 
@@ -93,6 +98,9 @@ class Fuzzer(FramedFuzzing):
         header = pb.StreamHeader(client_token=self.token, **SMALL, fps=fps())
         header.output.container = CONTAINERS[container]  # type: ignore[assignment]
         audio, detail = self.audio(header) if r.random() < 0.3 else ([], "")
+        if r.random() < 0.3:
+            header.previews.CopyFrom(previews(r))
+            detail += " previews"
         messages, leases = [pb.StreamRequest(header=header)], []
         for _ in range(r.choice([0, 0, 1, 2, 3])):
             n = r.randint(1, 4)
@@ -104,11 +112,12 @@ class Fuzzer(FramedFuzzing):
         ending = r.random()
         if ending < 0.8:
             messages.append(pb.StreamRequest(end=pb.StreamEnd(audio_data=audio)))
+        kind = "stream-previews" if header.HasField("previews") else "stream"
         if ending < 0.9:
-            self.call("stream", self.stub.EncodeStream, iter(messages), container + detail)
+            self.call(kind, self.stub.EncodeStream, iter(messages), container + detail)
         else:  # abandoned: cancelled while the daemon may be encoding
             reply = self.cancelled_stream(messages, 5, 30, r.uniform(0, 0.3))
-            self.call("stream-abandoned", lambda *_a, **_k: reply, None, container + detail)
+            self.call(f"{kind}-abandoned", lambda *_a, **_k: reply, None, container + detail)
         for lease_id in leases:  # taken by the stream (NOT_FOUND), or given back
             self.release(lease_id)
 

@@ -61,5 +61,37 @@ def fps(r: random.Random | None = None) -> pb.Rational:
     return pb.Rational(num=i64(r), den=i64(r)) if r else pb.Rational(num=24, den=1)
 
 
+def previews(r: random.Random, hostile: bool = False) -> pb.Previews:
+    """A thumbnail, a sprite sheet or both; `hostile`: any field may be out of range."""
+    p = pb.Previews()
+
+    def n(ok: int) -> int:  # a uint32 field: `ok`, or (hostile) anything it can hold
+        return i64(r) % 2**32 if hostile and r.random() < 0.4 else ok
+
+    kinds = r.choice([("thumbnail",), ("sprite_sheet",), ("thumbnail", "sprite_sheet")])
+    formats = [0, 1, 2, r.randint(-3, 9)] if hostile else [0, 1, 2]
+    if "thumbnail" in kinds:
+        t = p.thumbnail
+        t.SetInParent()
+        at = r.choice(["", "pick", "index", "time_s"])
+        if at == "pick":
+            t.pick = r.choice([1, 2, 3, i64(r) % 2**31] if hostile else [1, 2, 3])  # type: ignore[assignment]
+        elif at == "index":
+            t.index = i64(r) % 2**64 if hostile else r.randint(0, 10)
+        elif at == "time_s":
+            t.time_s = r.choice([float("nan"), -1.0, 1e300, 0.1]) if hostile else r.uniform(0, 1)
+        t.max_width, t.max_height = n(r.choice([0, 32, 48])), n(r.choice([0, 32]))
+        t.format, t.quality = r.choice(formats), n(r.choice([0, 50, 90]))  # type: ignore[assignment]
+    if "sprite_sheet" in kinds:
+        sheet = p.sprite_sheet
+        sheet.SetInParent()
+        sheet.tiles, sheet.tile_width = n(r.choice([0, 1, 4, 9])), n(r.choice([0, 16, 32]))
+        sheet.columns, sheet.quality = n(r.choice([0, 2, 3])), n(r.choice([0, 70]))
+        sheet.format = r.choice(formats)  # type: ignore[assignment]
+        if r.random() < 0.3:
+            sheet.interval_s = r.choice([float("inf"), -2.0, 0.05]) if hostile else 0.05
+    return p
+
+
 def chunk(**fields: Any) -> pb.StreamRequest:
     return pb.StreamRequest(chunk=pb.StreamChunk(**fields))
