@@ -86,9 +86,10 @@ class FramedFuzzing(SoakClient):
         codec = pb.CodecOptions(preset="veryslow", extra={"x264-params": "rc-lookahead=60"})
         geometry = {"width": SLOW_SIZE[0], "height": SLOW_SIZE[1], "pixel_format": 1}
         # Half of them with a thumbnail or sprite sheet: preview work stops with the encode.
-        asked = previews(r) if r.random() < 0.5 else None
+        streamed = r.random() < 0.5
+        asked = previews(r, stream=streamed) if r.random() < 0.5 else None
         sent = time.monotonic()
-        if r.random() < 0.5:
+        if streamed:
             header = pb.StreamHeader(
                 client_token=self.token, request_id=request_id, codec=codec, fps=fps(), **geometry
             )

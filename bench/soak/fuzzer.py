@@ -99,7 +99,7 @@ class Fuzzer(FramedFuzzing):
         header.output.container = CONTAINERS[container]  # type: ignore[assignment]
         audio, detail = self.audio(header) if r.random() < 0.3 else ([], "")
         if r.random() < 0.3:
-            header.previews.CopyFrom(previews(r))
+            header.previews.CopyFrom(previews(r, stream=True))
             detail += " previews"
         messages, leases = [pb.StreamRequest(header=header)], []
         for _ in range(r.choice([0, 0, 1, 2, 3])):

@@ -61,8 +61,9 @@ def fps(r: random.Random | None = None) -> pb.Rational:
     return pb.Rational(num=i64(r), den=i64(r)) if r else pb.Rational(num=24, den=1)
 
 
-def previews(r: random.Random, hostile: bool = False) -> pb.Previews:
-    """A thumbnail, a sprite sheet or both; `hostile`: any field may be out of range."""
+def previews(r: random.Random, hostile: bool = False, stream: bool = False) -> pb.Previews:
+    """A thumbnail, a sprite sheet or both; `hostile`: any field may be out of range;
+    `stream`: valid for a stream, whose length comes last (no middle pick, no tile count)."""
     p = pb.Previews()
 
     def n(ok: int) -> int:  # a uint32 field: `ok`, or (hostile) anything it can hold
@@ -75,7 +76,8 @@ def previews(r: random.Random, hostile: bool = False) -> pb.Previews:
         t.SetInParent()
         at = r.choice(["", "pick", "index", "time_s"])
         if at == "pick":
-            t.pick = r.choice([1, 2, 3, i64(r) % 2**31] if hostile else [1, 2, 3])  # type: ignore[assignment]
+            picks = [1, 3] if stream else [1, 2, 3]
+            t.pick = r.choice([*picks, i64(r) % 2**31] if hostile else picks)  # type: ignore[assignment]
         elif at == "index":
             t.index = i64(r) % 2**64 if hostile else r.randint(0, 10)
         elif at == "time_s":
@@ -85,7 +87,8 @@ def previews(r: random.Random, hostile: bool = False) -> pb.Previews:
     if "sprite_sheet" in kinds:
         sheet = p.sprite_sheet
         sheet.SetInParent()
-        sheet.tiles, sheet.tile_width = n(r.choice([0, 1, 4, 9])), n(r.choice([0, 16, 32]))
+        sheet.tiles = n(0 if stream else r.choice([0, 1, 4, 9]))
+        sheet.tile_width = n(r.choice([0, 16, 32]))
         sheet.columns, sheet.quality = n(r.choice([0, 2, 3])), n(r.choice([0, 70]))
         sheet.format = r.choice(formats)  # type: ignore[assignment]
         if r.random() < 0.3:
