@@ -8,7 +8,9 @@ with SidecarClient() as sidecar:
     print(result.path, result.timings.total_ms)
 ```
 
-`AsyncSidecarClient` has the same methods, awaited. Errors carry `code` (a
+`AsyncSidecarClient` has the same methods, awaited. `export_to_video(frames, path, fps)`
+is a drop-in for `diffusers.utils.export_to_video` (`_export`): it starts a daemon in the
+background where none answers, and writes the file wherever its caller may. Errors carry `code` (a
 `grpc.StatusCode`) and `reason` (a `Reason`, the daemon's documented reason code, e.g.
 `Reason.DISK_FULL`); `_errors` shows the tree.
 
@@ -48,6 +50,7 @@ from ._errors import (
     SidecarUnavailable,
     TransportError,
 )
+from ._export import export_to_video
 from ._previews import SpriteSheet, Thumbnail
 from ._sync import SidecarClient
 from ._types import Attachment, EncodeResult, FrameRange, Lease, Preview, Status, Timings
@@ -80,4 +83,5 @@ __all__ = [
     "Thumbnail",
     "Timings",
     "TransportError",
+    "export_to_video",
 ]

@@ -23,6 +23,7 @@ a coroutine of one. Each twin gets its own copy of them (`__init_subclass__`), s
 from __future__ import annotations
 
 import abc
+import os
 import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
@@ -133,7 +134,7 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
         video: Any,
         fps: Fps = 24,
         *,
-        path: str | None = None,
+        path: str | os.PathLike[str] | None = None,
         overwrite: bool = False,
         pixel_format: str | None = None,
         layout: str | None = None,
@@ -144,6 +145,8 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
         codec: str = "",
         crf: int | None = None,
         preset: str | None = None,
+        profile: str | None = None,
+        bitrate: int | None = None,
         gop: int | None = None,
         threads: int = 0,
         extra: Mapping[str, Any] | None = None,
@@ -167,7 +170,7 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
         self,
         fps: Fps = 24,
         *,
-        path: str | None = None,
+        path: str | os.PathLike[str] | None = None,
         overwrite: bool = False,
         pixel_format: str | None = None,
         layout: str | None = None,
@@ -179,6 +182,8 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
         codec: str = "",
         crf: int | None = None,
         preset: str | None = None,
+        profile: str | None = None,
+        bitrate: int | None = None,
         gop: int | None = None,
         threads: int = 0,
         extra: Mapping[str, Any] | None = None,
@@ -215,12 +220,14 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
         height: int,
         pixel_format: str = "rgb24",
         fps: Fps = 24,
-        path: str | None = None,
+        path: str | os.PathLike[str] | None = None,
         overwrite: bool = False,
         container: str = "",
         codec: str = "",
         crf: int | None = None,
         preset: str | None = None,
+        profile: str | None = None,
+        bitrate: int | None = None,
         gop: int | None = None,
         threads: int = 0,
         extra: Mapping[str, Any] | None = None,

@@ -25,12 +25,17 @@ ENCODE_DOC = """Encode `video`; the MP4 (or WebM) as bytes, or as a file under t
 
 Args:
     video: a numpy array or torch tensor (CPU or CUDA) of uint8, float16, bfloat16,
-        float32 or float64. Frames are copied once, straight into leased shared memory;
-        CUDA tensors are converted on the GPU and copied device-to-host into the
-        lease. A video larger than half the pool goes as a stream, by itself.
-    fps: frames per second, a number or (numerator, denominator).
-    path: the output file, relative to the daemon's output root; without it the
-        bytes come back in `result.data`.
+        float32 or float64; or a list of frames as diffusers pipelines return them
+        (PIL images, (H, W, C) arrays, (C, H, W) or (H, W, C) tensors), or
+        `pipe(...).frames` of one video. Frames are copied once, straight into
+        leased shared memory (a list frame by frame, never stacked whole); CUDA
+        tensors are converted on the GPU and copied device-to-host into the lease.
+        A video larger than half the pool goes as a stream, by itself.
+    fps: frames per second: any real number (numpy's and `Fraction` too) or
+        (numerator, denominator).
+    path: the output file (a str or `os.PathLike`), relative to the daemon's output
+        root or absolute inside it; without it the bytes come back in
+        `result.data`. To write anywhere else, see `export_to_video`.
     overwrite: replace an existing file at `path` (else `AlreadyExists`).
     pixel_format: what travels. None: RGB in a CUDA tensor is converted to
         yuv420p on the GPU, other RGB goes as rgb24. "rgb24" sends RGB as it is,
@@ -40,19 +45,23 @@ Args:
         conversion in the daemon); "bgr24", "rgba" and "gray" are taken as they
         are. A uint8 numpy array (T, H*3/2, W) with "yuv420p" or "nv12" is taken
         as already converted.
-    layout: "THWC", "TCHW", "CTHW" or "BCTHW" with B=1. None reads it from the
-        shape: the one layout that puts 1, 3 or 4 channels on its channel axis
-        (frames 4 pixels wide or high count only if no reading has larger
-        ones). Tie-breaks: one frame of C channels beats C gray frames, so
-        (1, 3, H, W) is one RGB frame; 5-D is BCTHW wherever that fits, as VAEs
-        return it, so (1, 3, 4, H, W) is 4 frames. Any other shape with two
-        readings, e.g. (3, 3, H, W), is InvalidVideo naming them: pass `layout=`.
-    value_range: the range of float input, (0, 1) or (-1, 1); values outside are
-        clipped. When more than 1% of a sample of the video (a few frames, a
-        strided grid of each) lies outside it by more than 5% of its width, a
-        `UserWarning` at the caller's line says so and how to fix it (usually
-        value_range=(-1, 1)); the video is still encoded. Checked on the device
-        for CUDA tensors: one small reduction, one wait for it.
+    layout: "THWC", "TCHW", "CTHW", or with B=1 "BCTHW" (a VAE's), "BTHWC" or
+        "BTCHW" (diffusers' np and pt outputs); for a list, "THWC" or "TCHW" says
+        how its frames lie. None reads it from the shape: the one layout that puts
+        1, 3 or 4 channels on its channel axis (frames 4 pixels wide or high count
+        only if no reading has larger ones). Tie-breaks: one frame of C channels
+        beats C gray frames, so (1, 3, H, W) is one RGB frame; in 5-D, RGB beats
+        RGBA, so (1, 3, 4, H, W) is a VAE's 4 frames and (1, 4, 3, H, W) a
+        pipeline's 4 frames. Any other shape with two readings, e.g.
+        (3, 3, H, W), is InvalidVideo naming them: pass `layout=`.
+    value_range: the range of float input, (0, 1) or (-1, 1). A sample of the
+        video (a few frames, a strided grid of each; each chunk of a stream) is
+        checked: when more than 1% of it lies outside the range by more than 5%
+        of its width, the video was read in the wrong range and is refused,
+        InvalidVideo naming the values seen and the fix (usually
+        value_range=(-1, 1)). Fewer such values are clipped, and their count is
+        logged on the `client` logger. Checked on the device for CUDA tensors:
+        one small reduction, one wait for it.
     audio: PCM, (samples, channels) or (samples,), float32 in [-1, 1] or int16;
         muxed as AAC (MP4) or Opus (WebM), trimmed or padded to the video.
     sample_rate: the audio's rate in Hz; required with `audio`.
@@ -60,8 +69,12 @@ Args:
         empty: the file's extension says (.mp4, .webm), and bytes are MP4. A file name
         that disagrees with `container`, or ends otherwise, is refused.
     codec: "h264", "h265" or "av1"; empty for the container's default.
-    crf: the encoder's quality (lower is better); None for the codec's default.
-    preset: the encoder's speed preset, e.g. "veryfast"; None for the default.
+    crf: the encoder's quality (lower is better); None for the profile's.
+    preset: the encoder's speed preset, e.g. "veryfast"; None for the profile's.
+    profile: "fast", "balanced" or "small": settings chosen for generated video
+        (docs/performance.md); None for the daemon's `--profile`. `crf`, `preset`
+        and `extra` given beside it win over its own.
+    bitrate: bits per second, for a bitrate-controlled encode instead of `crf`.
     gop: frames between keyframes; None for the default.
     threads: encoder threads; 0 lets the daemon share its cores among encodes.
     extra: more encoder options, e.g. {"tune": "film"}.
@@ -118,8 +131,8 @@ cancels the stream and frees its leases; after the block, `s.result` holds the
 
 Args:
     fps, path, overwrite, pixel_format, layout, value_range, container, codec,
-    crf, preset, gop, threads, extra, request_id: as for `encode` (a float range
-        warning is given once a stream).
+    crf, preset, profile, bitrate, gop, threads, extra, request_id: as for
+        `encode` (each chunk of floats has its range checked).
     thumbnail, sprite_sheet: as for `encode`, but a stream's length is known only
         at its end: a thumbnail is the first or last frame, or one by index or time
         (True: the first; at="middle" is refused), and a sprite sheet takes a tile
@@ -149,8 +162,9 @@ Args:
     width, height: the frame size in pixels.
     pixel_format: the frames' format in the leases: "rgb24", "bgr24", "rgba",
         "gray", "yuv420p" or "nv12".
-    fps, path, overwrite, container, codec, crf, preset, gop, threads, extra,
-    request_id, thumbnail, sprite_sheet, on_progress, timeout: as for `encode`.
+    fps, path, overwrite, container, codec, crf, preset, profile, bitrate, gop,
+    threads, extra, request_id, thumbnail, sprite_sheet, on_progress, timeout: as
+    for `encode`.
 
 The daemon frees each lease once its frames are encoded; a refused request leaves
 them with you.

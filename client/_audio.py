@@ -10,6 +10,7 @@ import numpy as np
 from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.vocabulary import SAMPLE_FORMATS
 
+from ._checks import whole
 from ._errors import InvalidArgument
 from ._video import is_torch_tensor
 
@@ -46,8 +47,9 @@ class Pcm:
 
 def prepare_audio(audio: Any, sample_rate: int | None) -> Pcm:
     """Check a PCM track: (samples,) or (samples, channels), float or int16."""
-    if sample_rate is None or not 8000 <= int(sample_rate) <= 192000:
-        raise InvalidArgument(f"sample_rate {sample_rate!r}: pass the audio's rate, 8000..192000")
+    if sample_rate is None:
+        raise InvalidArgument("sample_rate None: pass the audio's rate, 8000..192000")
+    sample_rate = whole("sample_rate", sample_rate, 8000, 192000)
     if is_torch_tensor(audio):
         audio = audio.detach().cpu()
         if str(audio.dtype) == "torch.bfloat16":

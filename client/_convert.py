@@ -10,6 +10,7 @@ batch of frames at a time, so a large bf16 video never has a full float32 copy.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
@@ -17,10 +18,12 @@ import numpy as np
 
 from sidecar.vocabulary import PIXEL_FORMATS
 
-from ._errors import InvalidVideo
-from ._layout import guess_layout
+from ._errors import InvalidArgument, InvalidVideo
+from ._layout import batch_of, guess_layout
 
-LAYOUTS = ("THWC", "TCHW", "CTHW", "BCTHW")
+# The 4-D layouts, and the 5-D ones of one video: (B, C, T, H, W) as a VAE decodes it;
+# (B, T, H, W, C) and (B, T, C, H, W) as diffusers' `pipe(...).frames` holds it (np, pt).
+LAYOUTS = ("THWC", "TCHW", "CTHW", "BCTHW", "BTHWC", "BTCHW")
 VALUE_RANGES = {(0, 1): (255.0, 0.0), (-1, 1): (127.5, 127.5)}
 FLOAT_DTYPES = {"float16", "bfloat16", "float32", "float64"}
 
@@ -41,16 +44,18 @@ def frames_view(array: Any, layout: str | None) -> Any:
     shape = tuple(array.shape)
     if layout is None:
         layout = guess_layout(shape)
+    if not isinstance(layout, str):
+        raise InvalidArgument(f"layout must be a string such as 'THWC', got {layout!r}")
     layout = layout.upper()
     if layout not in LAYOUTS:
         raise InvalidVideo(f"layout {layout!r}: use one of {', '.join(LAYOUTS)}")
     if len(shape) != len(layout):
         raise InvalidVideo(f"shape {shape} does not match layout {layout}")
-    if layout == "BCTHW":
+    if layout.startswith("B"):
         if shape[0] != 1:
-            raise InvalidVideo(f"shape {shape}: a batch of {shape[0]} videos; send them one by one")
+            raise InvalidVideo(batch_of(shape))
         array = array[0]
-        layout = "CTHW"
+        layout = layout[1:]
     order = [layout.index(axis) for axis in "THWC"]
     view = array.permute(*order) if hasattr(array, "permute") else array.transpose(order)
     if view.shape[3] not in (1, 3, 4):
@@ -62,32 +67,54 @@ def frames_view(array: Any, layout: str | None) -> Any:
     return view
 
 
-def check_value_range(value_range: tuple[float, float]) -> tuple[float, float]:
-    key = (int(value_range[0]), int(value_range[1]))
-    if key not in VALUE_RANGES or tuple(value_range) != key:
+def check_value_range(value_range: Any) -> tuple[float, float]:
+    """The scale and offset that take `value_range`, (0, 1) or (-1, 1), to 0..255."""
+    pair = tuple(value_range) if isinstance(value_range, (tuple, list)) else ()
+    if len(pair) != 2 or not all(
+        isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v))
+        for v in pair
+    ):
+        raise InvalidArgument(f"value_range must be (0, 1) or (-1, 1), got {value_range!r}"[:200])
+    key = (int(pair[0]), int(pair[1]))
+    if key not in VALUE_RANGES or pair != key:
         hint = ""
         if key[1] == 255:
             hint = "; values in 0..255 go as uint8 (video.astype(np.uint8)), which takes no range"
         # Each range as `value_range=(a, b)`, which the command line words as its flag.
-        given = f"value_range=({value_range[0]!r}, {value_range[1]!r})"
+        given = f"value_range=({pair[0]!r}, {pair[1]!r})"
         raise InvalidVideo(f"{given}: use value_range=(0, 1) or value_range=(-1, 1){hint}")
     return VALUE_RANGES[key]
 
 
 # Float values outside the declared range are clipped to it. When many are, the range is
-# likely wrong ([-1, 1] sent as the default [0, 1] loses the whole lower half): a sample
-# of the video is checked, never all of it (a long GPU video would cost a pass over it).
-RANGE_SAMPLE_FRAMES = 4  # frames spread over the video
+# wrong ([-1, 1] sent as the default [0, 1] loses the whole lower half) and the video is
+# refused: never encoded with only a warning. A sample of the video is checked, never all
+# of it (a long GPU video would cost a pass over it).
+RANGE_SAMPLE_FRAMES = 4  # frames spread over the video (or over each chunk of a stream)
 RANGE_SAMPLE_PIXELS = 4096  # about this many pixels of each, on a strided grid
 RANGE_SLACK = 0.05  # of the range's width: overshoot this small is the model's own
-RANGE_SHARE = 0.01  # of the sampled values outside: more, and the range is questioned
+RANGE_SHARE = 0.01  # of the sampled values beyond the slack: more, and the video is refused
 
 
-def range_warning(view: Any, value_range: tuple[float, float], torch: Any) -> str | None:
-    """Why `view` (T, H, W, C floats) looks like it is not in `value_range`, or None.
+@dataclass(frozen=True)
+class RangeSample:
+    """What the strided sample of a float video says about its values."""
 
-    A strided sample, reduced in one go: on a CUDA tensor one small reduction and one
-    wait for it (on the caller's stream), whatever the video's length."""
+    values: int  # sampled
+    beyond: int  # outside the declared range by more than the slack
+    clipped: int  # outside the declared range at all: clipped to it
+    lowest: float  # NaN aside
+    highest: float
+
+    @property
+    def share(self) -> float:
+        return self.beyond / max(1, self.values)
+
+
+def sample_range(view: Any, value_range: tuple[float, float], torch: Any) -> RangeSample:
+    """A strided sample of `view` (T, H, W, C floats), reduced in one go: on a CUDA tensor
+    one small reduction and one wait for it (on the caller's stream), whatever the
+    video's length."""
     t, h, w, _ = view.shape
     step = max(1, math.isqrt(h * w // RANGE_SAMPLE_PIXELS))
     sample = view[:: -(-t // RANGE_SAMPLE_FRAMES), ::step, ::step]
@@ -96,27 +123,44 @@ def range_warning(view: Any, value_range: tuple[float, float], torch: Any) -> st
     if torch is not None:
         x = sample.float()
         finite = x.nan_to_num(nan=low)
-        stats = torch.stack(
-            [((x < low - slack) | (x > high + slack)).float().mean(), finite.min(), finite.max()]
+        beyond, clipped, lowest, highest = torch.stack(
+            [
+                ((x < low - slack) | (x > high + slack)).sum(),
+                ((x < low) | (x > high)).sum(),
+                finite.min(),
+                finite.max(),
+            ]
         ).tolist()
+        values = x.numel()
     else:
         x = sample.astype(np.float32)
         finite = np.nan_to_num(x, nan=low)
-        outside = np.count_nonzero((x < low - slack) | (x > high + slack)) / max(1, x.size)
-        stats = [outside, float(finite.min()), float(finite.max())]
-    share, lowest, highest = stats
-    if share <= RANGE_SHARE:
-        return None
+        beyond = np.count_nonzero((x < low - slack) | (x > high + slack))
+        clipped = np.count_nonzero((x < low) | (x > high))
+        lowest, highest, values = float(finite.min()), float(finite.max()), x.size
+    return RangeSample(int(values), int(beyond), int(clipped), float(lowest), float(highest))
+
+
+def check_range(view: Any, value_range: tuple[float, float], torch: Any) -> RangeSample:
+    """The sample of `view`, once it shows the video is read in its own range; else
+    InvalidVideo naming the values seen and the fix. A few values beyond the range (at
+    most `RANGE_SHARE` of the sample) are the model's noise: they are clipped."""
+    seen = sample_range(view, value_range, torch)
+    if seen.share <= RANGE_SHARE:
+        return seen
+    low, high = (float(v) for v in value_range)
+    slack = RANGE_SLACK * (high - low)
     declared = f"value_range=({low:g}, {high:g})"
-    if low == 0 and lowest >= -1 - slack and highest <= 1 + slack:
-        fix = "if the video is in [-1, 1], pass value_range=(-1, 1)"
-    elif highest > 2:
+    if low == 0 and seen.lowest >= -1 - slack and seen.highest <= 1 + slack:
+        fix = "it looks like [-1, 1] (a VAE's output): pass value_range=(-1, 1)"
+    elif seen.highest > 2:
         fix = "for 0..255 levels send uint8, or divide by 255"
     else:
         fix = "pass the range the video is in, value_range=(0, 1) or (-1, 1), or clamp it"
-    return (
-        f"{share:.0%} of the sampled values of this float video lie outside {declared} "
-        f"(they range from {lowest:.3g} to {highest:.3g}) and are clipped to it; {fix}"
+    raise InvalidVideo(
+        f"this float video was read in {declared}, but {seen.share:.0%} of its sampled "
+        f"values lie outside it (they range from {seen.lowest:.3g} to {seen.highest:.3g}); "
+        f"{fix}"
     )
 
 

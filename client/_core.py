@@ -37,7 +37,7 @@ from ._options import VideoFormat, check_lease
 from ._results import status_from_proto
 from ._steps import Call, Exchange, Steps, Work
 from ._types import Lease, Status
-from ._video import VideoSource, prepare_video, warn_caller
+from ._video import VideoSource, prepare_video
 
 MAX_WAIT_MS = 2**32 - 1  # LeaseRequest.wait_ms is a uint32
 
@@ -155,16 +155,13 @@ class ClientCore(AttachedCore):
 
     # -- videos and audio ----------------------------------------------------------------
 
-    def prepare(
-        self, video: Any, fmt: VideoFormat, warn: Callable[[str], object] | None = warn_caller
-    ) -> VideoSource:
+    def prepare(self, video: Any, fmt: VideoFormat) -> VideoSource:
         return prepare_video(
             video,
             pixel_format=fmt.pixel_format,
             layout=fmt.layout,
             value_range=fmt.value_range,
             cuda=self._cuda_video,
-            warn=warn,
         )
 
     def _cuda_video(self, view: Any, conversion: Conversion) -> CudaVideo:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ._convert import Conversion, Ops
+from ._frame_list import FrameList
 from ._slabs import SlabMap
 from ._video import frame_bytes, frame_shape
 
@@ -260,7 +261,9 @@ class CudaVideo:
         self.host.ensure_registered(region)  # else pageable: slower, still correct
         shape = frame_shape(self.pixel_format, self.width, self.height)
         dst = torch.from_numpy(region[: count * self.frame_bytes]).view(count, *shape)
-        step = count if self._identity else self._batch
+        # A list's frames are stacked a batch at a time, never the whole range at once.
+        whole = self._identity and not isinstance(self.frames_thwc, FrameList)
+        step = count if whole else self._batch
         # One batch (a short clip) has nothing to overlap: convert and copy on one stream,
         # with no event between them; each such call costs the request time.
         overlap = self._fused and count > step

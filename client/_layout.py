@@ -16,13 +16,17 @@ candidate when its channel axis holds 1, 3 or 4 channels. Then:
   `layout=`. So (3, 3, H, W) and (4, 3, H, W) (TCHW or CTHW), (4, 3, 4, 3) (all three,
   tiny frames each).
 
-A 5-D shape must be (B, C, T, H, W) with B=1 (BCTHW, the only 5-D layout taken, as VAEs
-return it). Its last four axes are read as above but with no tie-break, and BCTHW is
-taken whenever CTHW is among the readings left. That is the second deliberate
-tie-break: (1, 3, 4, H, W), a VAE's chunk of 4 frames, is BCTHW although (B, T, C, H, W),
-which diffusers pipelines return, would read it as 3 RGBA frames. Where only another
-reading is left the shape is refused, pointing to `video[0]`: (1, 16, 3, H, W) and
-(1, 3, H, W, 3) are (B, T, C, H, W) and (B, T, H, W, C), never frames 3 pixels wide.
+A 5-D shape is one video with a batch axis of 1: (B, C, T, H, W) as a VAE decodes it
+(BCTHW), or (B, T, H, W, C) and (B, T, C, H, W) as diffusers' `pipe(...).frames` holds
+it with `output_type="np"` and `"pt"` (BTHWC, BTCHW). A batch of more than one is
+refused, naming `frames[0]`. The last four axes are read as above with no tie-break
+but these, in order:
+
+- RGB frames are preferred to RGBA ones: (1, 3, 4, H, W) is a VAE's 4 RGB frames
+  (BCTHW), (1, 4, 3, H, W) a pipeline's 4 RGB frames (BTCHW);
+- where both readings are RGB, (1, 3, 3, H, W), the VAE's BCTHW, as it decodes;
+- else the one reading with real frames: (1, 16, 3, H, W) is BTCHW and (1, 3, H, W, 3)
+  BTHWC, never frames 3 pixels wide. Several are an error asking for `layout=`.
 """
 
 from __future__ import annotations
@@ -135,15 +139,29 @@ def guess_layout(shape: tuple[int, ...]) -> str:
     )
 
 
+def batch_of(shape: tuple[int, ...]) -> str:
+    """The refusal of a batch of videos: `pipe(...).frames` holds one per prompt."""
+    return (
+        f"shape {shape}: a batch of {shape[0]} videos; pass one, frames[0] (or video[0]), "
+        "and send the others one by one"
+    )
+
+
 def _guess_5d(shape: tuple[int, ...]) -> str:
     if shape[0] != 1:
-        raise InvalidVideo(f"shape {shape}: a batch of {shape[0]} videos; send them one by one")
+        raise InvalidVideo(batch_of(shape))
     inner = shape[1:]
     found = readings(inner, ("CTHW", "TCHW", "THWC"), tie_break=False, allow_tiny=True)
-    if not found or "CTHW" in found:
+    if not found:
         return "BCTHW"  # a wrong channel count is refused with the reason
+    rgb = [r for r in found if thwc(inner, r)[3] == 3]
+    if len(found) > 1 and len(rgb) == 1:
+        return "B" + rgb[0]  # RGB frames rather than RGBA ones: (1, 4, 3, H, W) is 4 RGB
+    if "CTHW" in found:
+        return "BCTHW"  # a VAE's (1, 3, 3, H, W): 3 frames either way, read as it decodes
+    real = [r for r in found if min(thwc(inner, r)[1:3]) > TINY]
+    if len(real) == 1:
+        return "B" + real[0]  # diffusers' np (B, T, H, W, C) or pt (B, T, C, H, W)
     described = " or ".join(_described(inner, r, f"(B, {_NAMES[r][1:]}") for r in found)
-    raise InvalidVideo(
-        f"shape {shape} reads as {described}; a 5-D video must be (B, C, T, H, W): "
-        "pass video[0] as 4-D"
-    )
+    layouts = " or ".join(repr("B" + r) for r in found)
+    raise InvalidVideo(f"shape {shape} is ambiguous: {described}; pass layout={layouts}")

@@ -9,8 +9,10 @@ agree with these fields: names, defaults and types.
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import math
 import numbers
+import os
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -45,7 +47,7 @@ class EncodeOptions:
     """Everything about an encode except the frames; see `SidecarClient.encode`."""
 
     fps: Fps = 24
-    path: str | None = None
+    path: str | os.PathLike[str] | None = None  # a str once made (`__post_init__`)
     overwrite: bool = False
     # mp4, fmp4 (fragmented, streamed back) or webm; "": a file's extension says, else
     # mp4 (`wire_container`)
@@ -53,6 +55,9 @@ class EncodeOptions:
     codec: str = ""  # empty: the container's default (h264, or vp9 in WebM)
     crf: int | None = None
     preset: str | None = None
+    # a named set of settings: "fast", "balanced", "small"; None: the daemon's default
+    profile: str | None = None
+    bitrate: int | None = None  # bits per second, instead of crf's constant quality
     gop: int | None = None
     threads: int = 0
     extra: Mapping[str, Any] | None = None
@@ -67,6 +72,8 @@ class EncodeOptions:
         return cls(**{f.name: arguments[f.name] for f in dataclasses.fields(cls)})
 
     def __post_init__(self) -> None:
+        if isinstance(self.path, os.PathLike):  # pathlib.Path and friends, as a string
+            object.__setattr__(self, "path", os.fspath(self.path))
         self.check()
         if not self.request_id:
             object.__setattr__(self, "request_id", new_request_id())
@@ -77,7 +84,7 @@ class EncodeOptions:
         fps_rational(self.fps)
         for name in ("container", "codec", "request_id"):
             of_type(name, getattr(self, name), str, "a string")
-        for name in ("path", "preset"):
+        for name in ("path", "preset", "profile"):
             if getattr(self, name) is not None:
                 of_type(name, getattr(self, name), str, "a string or None")
         of_type("overwrite", self.overwrite, bool, "True or False")
@@ -85,10 +92,17 @@ class EncodeOptions:
             if getattr(self, name) is not None:
                 whole(name, getattr(self, name), -(2**31), 2**31 - 1)
         whole("threads", self.threads, 0, 2**32 - 1)
+        if self.bitrate is not None:
+            whole("bitrate", self.bitrate, 1, 2**64 - 1)
         if self.extra is not None:
             of_type("extra", self.extra, Mapping, "a mapping of option names to values")
         check_asked(self.thumbnail, self.sprite_sheet)
         self.wire_container()
+
+    @property
+    def file_path(self) -> str | None:
+        """`path` as the request carries it: a str (a path-like one was made one)."""
+        return None if self.path is None else os.fspath(self.path)
 
     def wire_container(self) -> str:
         """The container the request names: `container`, where a file's name agrees with
@@ -97,13 +111,14 @@ class EncodeOptions:
         has looked at what is in the way (a directory of that name, say)."""
         if self.container and self.container not in CONTAINERS:
             raise InvalidArgument(f"container {self.container!r}: use {', '.join(CONTAINERS)}")
-        if self.path is None:
+        path = self.file_path
+        if path is None:
             return self.container or DEFAULT_CONTAINER
         named = self.container
-        if not extension(self.path):
+        if not extension(path):
             return named
         try:
-            return file_container(self.path, named)
+            return file_container(path, named)
         except FileNameError as exc:
             raise InvalidArgument(str(exc)) from None
 
@@ -180,6 +195,7 @@ class EncodeOptions:
         options = pb.CodecOptions(
             codec=self.codec,
             preset=self.preset or "",
+            profile=self.profile or "",
             threads=self.threads,
             extra={str(k): str(v) for k, v in (self.extra or {}).items()},
         )
@@ -187,14 +203,17 @@ class EncodeOptions:
             options.crf = self.crf
         if self.gop is not None:
             options.gop = self.gop
+        if self.bitrate is not None:
+            options.bitrate = self.bitrate
         return options
 
     def output_proto(self) -> pb.OutputSpec:
         named = self.wire_container()
         container = cast("pb.Container", CONTAINERS[named] if named else 0)
-        if self.path is not None:
+        if self.file_path is not None:
             return pb.OutputSpec(
-                file=pb.FileOutput(path=self.path, overwrite=self.overwrite), container=container
+                file=pb.FileOutput(path=self.file_path, overwrite=self.overwrite),
+                container=container,
             )
         return pb.OutputSpec(bytes=pb.BytesOutput(), container=container)
 
@@ -224,23 +243,32 @@ def pixel_format_proto(name: str) -> pb.PixelFormat:
 
 
 def fps_rational(fps: Fps) -> pb.Rational:
-    """`fps` as the request's rational; InvalidArgument for what cannot be one."""
+    """`fps` as the request's rational; InvalidArgument for what cannot be one. Any real
+    number goes (int, float, `Fraction`, `Decimal`, numpy's scalars), or (num, den)."""
     if isinstance(fps, tuple):
         if len(fps) != 2:
             raise InvalidArgument(f"fps as a tuple is (numerator, denominator), got {fps!r}")
         num, den = (whole("fps", part, *INT64) for part in fps)
-    else:
-        if isinstance(fps, bool) or not isinstance(fps, numbers.Real):
-            raise InvalidArgument(f"fps must be a number or (num, den), got {fps!r}")
-        if not (math.isfinite(fps) and fps > 0):
+        return pb.Rational(num=num, den=den)
+    if isinstance(fps, bool) or not isinstance(fps, (numbers.Real, decimal.Decimal)):
+        raise InvalidArgument(f"fps must be a number or (num, den), got {fps!r}"[:200])
+    if isinstance(fps, numbers.Rational):  # int, Fraction, numpy's integers: exact
+        rate = Fraction(int(fps.numerator), int(fps.denominator))
+    elif isinstance(fps, decimal.Decimal):
+        rate = Fraction(fps) if fps.is_finite() else Fraction(0)
+    else:  # float, numpy's floats: the nearest rate of a small denominator (30000/1001)
+        value = float(fps)
+        if not math.isfinite(value):
             raise InvalidArgument(f"fps must be a finite positive number, got {fps!r}")
-        rate = Fraction(fps).limit_denominator(1001 * 1000)
-        num, den = rate.numerator, rate.denominator
-        if num == 0:
-            raise InvalidArgument(f"fps {fps!r} is too small to encode")
-        if num > INT64[1]:
-            raise InvalidArgument(f"fps {fps!r} is too large to encode")
-    return pb.Rational(num=num, den=den)
+        rate = Fraction(value)
+    if rate <= 0:
+        raise InvalidArgument(f"fps must be a finite positive number, got {fps!r}")
+    rate = rate.limit_denominator(1001 * 1000)
+    if rate.numerator == 0:
+        raise InvalidArgument(f"fps {fps!r} is too small to encode")
+    if rate.numerator > INT64[1]:
+        raise InvalidArgument(f"fps {fps!r} is too large to encode")
+    return pb.Rational(num=rate.numerator, den=rate.denominator)
 
 
 def check_timeout(timeout: Any, name: str = "timeout") -> None:

@@ -39,7 +39,7 @@ from ._plan import copy_step, plan_ranges
 from ._results import Clock, ResultBuilder
 from ._steps import OnStream, OpenStream, Steps, Work
 from ._types import EncodeResult, Lease
-from ._video import VideoSource, warn_caller
+from ._video import VideoSource
 
 # Frames sent inline travel in messages of at most 4 MiB, as the README promises: under
 # gRPC's default limit, for whatever stands between the two ends.
@@ -74,7 +74,6 @@ class StreamCore:
         self.timeout = timeout
         self.deadline: float | None = None
         self.builder = ResultBuilder(on_progress, on_chunk)
-        self.range_warned = False  # a float range warning is given once a stream
         self.clock = clock or Clock()
         self.result: EncodeResult | None = None
         # How the call ended early: the daemon's error, or one a callback of the
@@ -91,12 +90,8 @@ class StreamCore:
     # -- writing -------------------------------------------------------------------------
 
     def write(self, video: Any) -> Steps[None]:
-        warn = None if self.range_warned else self._warn_range
-        yield from self.write_source(self.client.prepare(video, self.fmt, warn))
-
-    def _warn_range(self, message: str) -> None:
-        self.range_warned = True
-        warn_caller(message)
+        """One chunk; a float chunk's range is checked on its own (`prepare_video`)."""
+        yield from self.write_source(self.client.prepare(video, self.fmt))
 
     def write_source(self, source: VideoSource) -> Steps[None]:
         if self.closed:

@@ -13,9 +13,7 @@ The client never imports torch itself: a tensor is recognised by its type's modu
 
 from __future__ import annotations
 
-import os
-import sys
-import warnings
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -28,30 +26,20 @@ from ._convert import (
     FLOAT_DTYPES,
     Conversion,
     Ops,
+    RangeSample,
+    check_range,
     check_value_range,
     dtype_name,
     frames_view,
     is_planar420,
-    range_warning,
     wire_format,
 )
 from ._errors import InvalidVideo
+from ._frame_list import FrameList, is_frame_sequence, is_pil_image
+
+log = logging.getLogger("client")
 
 CPU_BATCH_BYTES = 32 * 1024 * 1024  # float32 scratch per conversion batch on the CPU
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-
-
-def warn_caller(message: str) -> None:
-    """A UserWarning attributed to the first frame outside this package: the caller's line
-    that called `encode` or `write`, through either twin and however deep the steps."""
-    level, frame = 2, sys._getframe(1)
-    while frame.f_back is not None and _inside(frame.f_code.co_filename):
-        level, frame = level + 1, frame.f_back
-    warnings.warn(message, UserWarning, stacklevel=level)
-
-
-def _inside(filename: str) -> bool:
-    return os.path.abspath(filename).startswith(PACKAGE_DIR)
 
 
 class VideoSource(Protocol):
@@ -158,11 +146,11 @@ class ArrayVideo:
         )
         if self.ops.torch is not None:
             dst = self.ops.torch.from_numpy(dst)
-        step = (
-            count
-            if self.conversion.integer and not self.conversion.yuv
-            else self.batch_frames(CPU_BATCH_BYTES)
-        )
+        identity = self.conversion.integer and not self.conversion.yuv
+        if identity and isinstance(self.frames_thwc, FrameList):
+            self.frames_thwc.copy_frames(dst, start, start + count)  # frame by frame
+            return
+        step = count if identity else self.batch_frames(CPU_BATCH_BYTES)
         for first in range(start, start + count, step):
             last = min(first + step, start + count)
             out = self.conversion.apply(self.frames_thwc[first:last], self.ops)
@@ -189,47 +177,75 @@ def prepare_video(
     layout: str | None = None,
     value_range: tuple[float, float] = (0, 1),
     cuda: Any = None,
-    warn: Callable[[str], object] | None = warn_caller,
 ) -> VideoSource:
     """Check a video and pick how its frames reach the lease.
 
-    `cuda` makes the `CudaVideo` for a CUDA tensor (the client passes its CUDA state).
-    `warn` gets the message when a float video looks out of `value_range` (see
-    `range_warning`); None skips the check.
+    `video` is an array or tensor, or a list of frames (`FrameList`). `cuda` makes the
+    `CudaVideo` for a CUDA tensor (the client passes its CUDA state). A float video is
+    refused when a sample of it says it is not in `value_range` (`check_range`); the
+    few values a sample finds beyond it are clipped, and their count is logged.
     """
-    if pixel_format is not None and pixel_format not in PIXEL_FORMATS:
+    if pixel_format is not None and (
+        not isinstance(pixel_format, str) or pixel_format not in PIXEL_FORMATS
+    ):
         raise InvalidVideo(
             f"unknown pixel_format {pixel_format!r}; use one of {', '.join(PIXEL_FORMATS)}"
         )
-    video, torch, dtype = _checked_array(video)
-    if is_planar420(pixel_format) and video.ndim == 3:
-        if torch is not None or dtype != "uint8" or video.shape[1] % 3:
-            raise InvalidVideo(
-                f"shape {tuple(video.shape)}: {pixel_format} frames must be a uint8 numpy array "
-                "(T, H*3/2, W), or RGB frames to convert"
-            )
-        return PlanarVideo(video, pixel_format)
-    if pixel_format == "gray" and video.ndim == 3 and layout is None:
-        video, layout = video[..., None], "THWC"  # the channel axis is the one added here
-
-    view = frames_view(video, layout)
-    device = video.device.type if torch is not None else "cpu"
+    found = _frames_of(video, pixel_format, layout)
+    if isinstance(found, PlanarVideo):
+        return found
+    view, torch, dtype = found
+    device = view.device.type if torch is not None else "cpu"
     if pixel_format is None and device == "cuda" and view.shape[3] == 3:
         # RGB on a GPU is converted there (one fused kernel), off the daemon's request
         # path; "rgb24" keeps the daemon's byte-exact conversion as a choice.
         pixel_format = "yuv420p"
     conversion = _conversion(view, pixel_format, value_range, integer=dtype == "uint8")
     if device not in ("cpu", "cuda"):
-        raise InvalidVideo(f"tensor on {video.device}: only CPU and CUDA tensors are supported")
+        raise InvalidVideo(f"tensor on {view.device}: only CPU and CUDA tensors are supported")
     if device == "cuda" and cuda is None:
         raise InvalidVideo("CUDA tensors need a client with CUDA support")
-    if warn is not None and not conversion.integer:
-        message = range_warning(view, value_range, torch)
-        if message is not None:
-            warn(message)
+    if not conversion.integer:
+        _log_clipped(check_range(view, value_range, torch), value_range)
     if device == "cuda":
         return cuda(view, conversion)  # type: ignore[no-any-return]
     return ArrayVideo(view, conversion, Ops(torch))
+
+
+def _frames_of(
+    video: Any, pixel_format: str | None, layout: str | None
+) -> PlanarVideo | tuple[Any, Any, str]:
+    """`video` as frames already in the wire layout, or as (a (T, H, W, C) view, torch if
+    it holds tensors, its dtype's name)."""
+    if is_frame_sequence(video):
+        frames = FrameList(video, layout)
+        return frames, frames.torch, _checked_dtype(dtype_name(frames))
+    video, torch, dtype = _checked_array(video)
+    if is_planar420(pixel_format) and video.ndim == 3:
+        if torch is not None or dtype != "uint8" or video.shape[1] % 3:
+            raise InvalidVideo(
+                f"shape {tuple(video.shape)}: {pixel_format} frames must be a uint8 numpy "
+                "array (T, H*3/2, W), or RGB frames to convert"
+            )
+        return PlanarVideo(video, pixel_format)
+    if pixel_format == "gray" and video.ndim == 3 and layout is None:
+        video, layout = video[..., None], "THWC"  # the channel axis is the one added here
+    return frames_view(video, layout), torch, dtype
+
+
+def _log_clipped(seen: RangeSample, value_range: tuple[float, float]) -> None:
+    """The values a float video's sample found outside its range, which are clipped: at
+    INFO where some were beyond the slack, else (a model's overshoot) at DEBUG."""
+    if seen.clipped:
+        log.log(
+            logging.INFO if seen.beyond else logging.DEBUG,
+            "%d of %d sampled values (%.3g to %.3g) lie outside value_range=%s: clipped",
+            seen.clipped,
+            seen.values,
+            seen.lowest,
+            seen.highest,
+            tuple(value_range),
+        )
 
 
 def _checked_array(video: Any) -> tuple[Any, Any, str]:
@@ -240,12 +256,20 @@ def _checked_array(video: Any) -> tuple[Any, Any, str]:
         import torch  # the caller already imported it
 
         video = video.detach()
+    elif is_pil_image(video):
+        raise InvalidVideo("one PIL image: a video is a list of them, [image] for one frame")
     elif not isinstance(video, np.ndarray):
-        raise InvalidVideo(f"expected a numpy array or torch tensor, got {type(video).__name__}")
-    dtype = dtype_name(video)
+        raise InvalidVideo(
+            f"video must be a numpy array, a torch tensor or a list of frames (PIL images, "
+            f"arrays or tensors), got {type(video).__name__}"
+        )
+    return video, torch, _checked_dtype(dtype_name(video))
+
+
+def _checked_dtype(dtype: str) -> str:
     if dtype != "uint8" and dtype not in FLOAT_DTYPES:
         raise InvalidVideo(f"dtype {dtype}: {_dtype_fix(dtype)}")
-    return video, torch, dtype
+    return dtype
 
 
 def _dtype_fix(dtype: str) -> str:

@@ -47,7 +47,7 @@ from .config_values import (
     parse_slab_size,
     parse_slabs,
 )
-from .vocabulary import default_socket
+from .vocabulary import DEFAULT_PROFILE, PROFILES, default_socket
 
 SHM_PREFIX_SHOWN = "video-sidecar-$UID"
 
@@ -77,6 +77,19 @@ def _positive_seconds(text: str) -> float:
     value = parse_float(text)
     if value <= 0:
         raise ValueError(f"must be a positive number of seconds, got {value:g}")
+    return value
+
+
+def _profile(text: str) -> str:
+    if text not in PROFILES:
+        raise ValueError(f"must be one of {', '.join(PROFILES)}, got {text!r}")
+    return text
+
+
+def _seconds_or_never(text: str) -> float:
+    value = parse_float(text)
+    if value < 0:
+        raise ValueError(f"must be 0 (never) or a positive number of seconds, got {value:g}")
     return value
 
 
@@ -220,7 +233,18 @@ class Storage:
 
 @dataclass(frozen=True)
 class Encoding:
-    """How many encodes run at once, and on what."""
+    """How many encodes run at once, on what, and with what settings."""
+
+    profile: str = field(
+        default=DEFAULT_PROFILE,
+        metadata=flag(
+            "encoder settings for requests that name none: fast (the most speed, files "
+            "several times larger), balanced (diffusers' file sizes, fast) or small "
+            "(smaller files, slower); docs/performance.md",
+            _profile,
+            "NAME",
+        ),
+    )
 
     max_concurrent_encodes: int = field(
         default_factory=default_concurrency,
@@ -319,6 +343,15 @@ class Operations:
     shutdown_grace: float = field(
         default=30.0,
         metadata=flag("seconds in-flight encodes get to finish on SIGTERM", parse_float, "SECONDS"),
+    )
+    idle_exit: float = field(
+        default=0.0,
+        metadata=flag(
+            "stop by itself once no client has called for this many seconds (0: never); "
+            "the daemon export_to_video starts uses 600",
+            _seconds_or_never,
+            "SECONDS",
+        ),
     )
     log_level: str = field(
         default="info", metadata=flag("debug, info, warning or error", metavar="LEVEL")

@@ -67,12 +67,15 @@ class Sidecar:
         self.output_root = Path(config.output_dir)
         self.clients = Clients()
         ceiling = CostCeiling(config.max_preset, config.max_lookahead)
-        self.planner = Planner(self.leases, self.slabset, self.limits, self.output_root, ceiling)
+        self.planner = Planner(
+            self.leases, self.slabset, self.limits, self.output_root, ceiling, config.profile
+        )
         self.scheduler = Scheduler(config.max_concurrent_encodes, config.encoder_threads)
         self.warm = WarmPool(config.warm_encoders)
         self.processes = EncoderProcesses(config.encoder_processes, config.idle_release)
         self.stats = Stats()
         self._started_at = time.monotonic()
+        self._last_call = self._started_at  # a client's last call, for `idle_for`
         self._accepting = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reaper: asyncio.Task[None] | None = None
@@ -136,6 +139,7 @@ class Sidecar:
     def attach(self, name: str, pid: int) -> Attachment:
         self._check_accepting()
         token = self.clients.attach(name, pid, busy=self.leases.owners)
+        self._last_call = time.monotonic()
         log.info("client attached: name=%r pid=%d", name[:128], pid)
         return Attachment(
             client_token=token,
@@ -184,6 +188,14 @@ class Sidecar:
         """A call from `token`: it must be attached, and its leases stay alive."""
         self.clients.check(token)
         self.leases.renew(token)
+        self._last_call = time.monotonic()
+
+    def idle_for(self) -> float:
+        """Seconds since a client last attached, leased, released or sent an encode, with
+        nothing encoding or waiting for room since; 0 while anything is (`--idle-exit`)."""
+        if self.busy or self.queue.waiters():
+            self._last_call = time.monotonic()
+        return time.monotonic() - self._last_call
 
     # -- encoding ------------------------------------------------------------------------
 

@@ -141,6 +141,18 @@ FRAME_PICK_BY_PROTO: dict[int, str] = {
 FRAME_PICKS: dict[str, int] = {name: value for value, name in FRAME_PICK_BY_PROTO.items() if name}
 # A preview's file beside a video `NAME.EXT`: NAME, its kind's infix, its format's suffix
 # (`jobs/42.thumbnail.jpg`): the daemon's rule for a file output, and the CLI's for -o.
+# The encoder profiles, fastest first (the daemon's `--profile`, a request's
+# `codec.profile`); `sidecar/codec/catalogue.py` holds each codec's settings under them.
+PROFILES = ("fast", "balanced", "small")
+DEFAULT_PROFILE = "balanced"
+# Each profile's H.264 CRF. x264's presets spend bits differently at one CRF, so a CRF
+# means a size and quality only with its preset: "balanced" at 22 makes what `medium`
+# makes at 25, diffusers' export_to_video at its default quality (bench/rdt.py). The
+# client's `export_to_video` maps `quality` to a CRF as imageio-ffmpeg does for `medium`,
+# then moves it by the profile's own (`H264_PROFILE_CRF[p] - IMAGEIO_MEDIUM_CRF`).
+H264_PROFILE_CRF = {"fast": 18, "balanced": 22, "small": 25}
+IMAGEIO_MEDIUM_CRF = 25  # imageio-ffmpeg's CRF at quality 5, with libx264's medium preset
+
 PREVIEW_FILE_INFIX = {"thumbnail": ".thumbnail", "sprite_sheet": ".sprites"}
 IMAGE_SUFFIX = {"jpeg": ".jpg", "webp": ".webp"}
 
@@ -163,10 +175,14 @@ class Wording:
     path: str  # the file output: "path", "-o"
     container: str  # its container: "container", "--container"
     drop: str  # how to name none: "drop container="
+    overwrite: str = "overwrite=True"  # how to replace an existing file: "--overwrite"
 
 
 CLIENT_WORDS = Wording("path", "container", "drop container=")
-WIRE_WORDS = Wording("the path", "output.container", "leave output.container unset")
+WIRE_WORDS = Wording(
+    "the path", "output.container", "leave output.container unset", "output.file.overwrite"
+)
+CLI_WORDS = Wording("-o", "--container", "drop --container", "--overwrite")
 
 
 class FileNameError(ValueError):

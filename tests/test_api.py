@@ -27,6 +27,7 @@ def test_public_api_is_pinned() -> None:
         "Lease", "NotFound", "OutOfRange", "Preview", "Reason", "RequestError",
         "ResourceExhausted", "ServerError", "SidecarClient", "SidecarClosed", "SidecarError",
         "SidecarUnavailable", "SpriteSheet", "Status", "Thumbnail", "Timings", "TransportError",
+        "export_to_video",
     ]  # fmt: skip
     for name in client.__all__:
         # Reason is the wire vocabulary's, shared with the daemon.

@@ -170,14 +170,13 @@ def test_value_range_takes_a_negative_value_after_a_space(daemon: Daemon, tmp_pa
     assert "-1,1" in cli(["encode", "--help"], tmp_path).stdout
     bad = usage_error(cli(["encode", "f.npy", "--value-range", "1,0"], tmp_path))
     assert "LOW must be below HIGH" in bad
-    # Left at 0..1, the video is encoded clipped, and the warning says so in flags.
+    # Left at 0..1, the video is refused, never encoded misread, in the command's flags.
     result = cli(["encode", "f.npy", "-o", "f2.mp4", "--socket", daemon.socket], tmp_path)
-    assert result.returncode == 0, result.stderr
-    (warning,) = [line for line in result.stderr.splitlines() if line.strip()]
-    assert warning.startswith("video-sidecar: warning: ") and "--value-range -1,1" in warning
-    assert "value_range=" not in warning and ".py" not in warning
+    error = one_line_error(result, 2)
+    assert "--value-range -1,1" in error and "value_range=" not in error and ".py" not in error
+    assert not (tmp_path / "f2.mp4").exists()
     refused = cli(["encode", "f.npy", "--socket", daemon.socket, "--layout", "XYZ"], tmp_path)
-    assert "layout" in one_line_error(refused, 2)  # refused before any warning is due
+    assert "layout" in one_line_error(refused, 2)
 
 
 def test_input_refusals_are_given_in_the_commands_words(daemon: Daemon, tmp_path: Path) -> None:

@@ -4,14 +4,14 @@ totals for streamed videos, and output chunks handed back while encoding."""
 from __future__ import annotations
 
 import time
-import warnings
+import logging
 from typing import Any
 
 import numpy as np
 import pytest
 
 from client import InvalidArgument, InvalidVideo, OutOfRange
-from client._convert import frames_view, range_warning
+from client._convert import check_range, frames_view
 from client._layout import guess_layout
 from client._video import ArrayVideo
 from client.patterns import moving_pattern
@@ -53,7 +53,8 @@ LAYOUT_TABLE: list[tuple[tuple[int, ...], str | tuple[str, ...]]] = [
     # no channel axis at all
     ((2, 2, H, W), ()),
     ((10, H, W, 5), ()),
-    # 5-D: (B, C, T, H, W) with B=1 wherever it fits, as VAEs return it
+    # 5-D with B=1: (B, C, T, H, W) as VAEs return it, (B, T, C, H, W) and (B, T, H, W, C)
+    # as diffusers' pipe(...).frames holds it (pt, np); RGB beats RGBA, then BCTHW
     ((1, 3, 16, H, W), "BCTHW"),
     ((1, 3, 1, H, W), "BCTHW"),  # one RGB frame
     ((1, 4, 1, H, W), "BCTHW"),
@@ -61,10 +62,11 @@ LAYOUT_TABLE: list[tuple[tuple[int, ...], str | tuple[str, ...]]] = [
     ((1, 1, 16, H, W), "BCTHW"),
     ((1, 3, 3, H, W), "BCTHW"),  # the 5-D tie-break: never (B, T, C, H, W)
     ((1, 3, 4, H, W), "BCTHW"),  # a VAE's chunk of 4 frames
-    ((1, 4, 3, H, W), "BCTHW"),
-    ((1, 1, 3, H, W), "BCTHW"),
-    ((1, 16, 3, H, W), ("(B, T, C, H, W)", "video[0]")),  # the only reading
-    ((1, 3, H, W, 3), ("(B, T, H, W, C)", "video[0]")),  # BCTHW's frames: 3 pixels wide
+    ((1, 4, 3, H, W), "BTCHW"),  # a pipeline's 4 RGB frames, not 3 RGBA ones
+    ((1, 1, 3, H, W), "BTCHW"),  # one RGB frame, not 3 gray ones
+    ((1, 16, 3, H, W), "BTCHW"),  # the only reading: diffusers' pt output
+    ((1, 16, H, W, 3), "BTHWC"),  # diffusers' np output
+    ((1, 3, H, W, 3), "BTHWC"),  # BCTHW's frames would be 3 pixels wide
     ((1, 4, 3, 4, 3), "BCTHW"),  # tiny frames: every reading fits, so BCTHW's does
     ((1, 16, 17, H, W), ()),  # 16 channels
     ((2, 3, 16, H, W), ("batch",)),
@@ -122,8 +124,9 @@ def test_vae_chunks_are_bcthw(client: Any) -> None:
     assert s.result is not None and s.result.frames == 8
     frames, _ = decode(s.result.data or b"")
     assert psnr(frames, moving_pattern(8, H, W)) >= 40
-    with pytest.raises(InvalidVideo, match=r"video\[0\]"):
-        client.encode(rgb.permute(0, 2, 1, 3, 4))  # (1, 8, 3, H, W): (B, T, C, H, W)
+    as_pipelines_give = rgb.permute(0, 2, 1, 3, 4)  # (1, 8, 3, H, W): (B, T, C, H, W)
+    again, _ = decode(client.encode(as_pipelines_give).data or b"")
+    assert psnr(again, moving_pattern(8, H, W)) >= 40
 
 
 # -- float ranges --------------------------------------------------------------------------
@@ -138,84 +141,96 @@ def signed() -> np.ndarray:
     return moving_pattern(*SIGNED).astype(np.float32) / 127.5 - 1
 
 
-def test_signed_video_with_the_default_range_warns_once(
-    client: Any, twin: str, signed: np.ndarray
-) -> None:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        result = client.encode(signed)
-    assert len(caught) == 1, [str(w.message) for w in caught]
-    warning = caught[0]
-    assert warning.category is UserWarning
-    assert "value_range=(-1, 1)" in str(warning.message)
-    if twin == "sync":  # the async twin's caller is the test harness's coroutine
-        assert warning.filename == __file__
-    assert result.frames == 6  # still encoded: a warning, not a refusal
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        right = client.encode(signed, value_range=(-1, 1))
+def test_signed_video_with_the_default_range_is_refused(client: Any, signed: np.ndarray) -> None:
+    """[-1, 1] read as [0, 1] loses the lower half: refused, naming the fix; read in its
+    own range, it comes back right."""
+    with pytest.raises(InvalidVideo, match=r"value_range=\(-1, 1\)") as refused:
+        client.encode(signed)
+    assert "was read in value_range=(0, 1)" in str(refused.value)
+    assert "they range from -0.78 to 0.78" in str(refused.value)  # the values it saw
+    right = client.encode(signed, value_range=(-1, 1))
     frames, _ = decode(right.data or b"")
     assert psnr(frames, moving_pattern(*SIGNED)) >= 40
 
 
-def test_video_in_range_does_not_warn(client: Any, signed: np.ndarray) -> None:
+def test_a_few_stray_values_are_clipped_and_counted(
+    client: Any, signed: np.ndarray, caplog: pytest.LogCaptureFixture
+) -> None:
     torch = pytest.importorskip("torch")
     unsigned = (signed + 1) / 2
-    overshoot = np.clip(unsigned * 1.04 - 0.02, -0.02, 1.02)  # a model's small overshoot
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    overshoot = np.clip(unsigned * 1.4 - 0.2, -0.03, 1.03)  # a model's small overshoot
+    stray = unsigned.copy()
+    stray[:, ::50, ::50] = -0.5  # well out, but on well under 1% of the samples
+    with caplog.at_level(logging.DEBUG, logger="client"):
         client.encode(unsigned)
+        assert not caplog.records  # nothing outside: nothing to say
         client.encode(overshoot)
         client.encode(torch.from_numpy(unsigned).to(torch.bfloat16).permute(0, 3, 1, 2))
         client.encode(moving_pattern(2, H, W))  # uint8: nothing to check
+        client.encode(stray)
+    said = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert said[0][0] == logging.DEBUG and "clipped" in said[0][1]  # overshoot: noise
+    assert said[-1][0] == logging.INFO  # well out: said where a server logs
+    assert "(-0.5 to 0.89)" in said[-1][1] and "clipped" in said[-1][1]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_signed_cpu_tensor_warns(client: Any, signed: np.ndarray, dtype: str) -> None:
+def test_signed_cpu_tensor_is_refused(client: Any, signed: np.ndarray, dtype: str) -> None:
     torch = pytest.importorskip("torch")
     tensor = torch.from_numpy(signed).to(getattr(torch, dtype)).permute(3, 0, 1, 2)[None]
-    with pytest.warns(UserWarning, match=r"value_range=\(-1, 1\)"):
+    with pytest.raises(InvalidVideo, match=r"value_range=\(-1, 1\)"):
         client.encode(tensor)
+    client.encode(tensor, value_range=(-1, 1))
 
 
-def test_a_stream_warns_once(client: Any, signed: np.ndarray) -> None:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with client.stream(fps=24) as s:
-            for first in range(0, 6, 2):
-                s.write(signed[first : first + 2])
-    assert [w.category for w in caught] == [UserWarning]
+def test_a_stream_checks_each_chunk(client: Any, signed: np.ndarray) -> None:
+    """A stream whose later chunk comes in another range is refused at that chunk: the
+    first in range is no licence for the rest."""
+    unsigned = (signed + 1) / 2
+    with pytest.raises(InvalidVideo, match=r"value_range=\(-1, 1\)"), client.stream() as s:
+        s.write(unsigned[:2])
+        s.write(signed[2:4])
+    with client.stream(value_range=(-1, 1)) as s:
+        for first in range(0, 6, 2):
+            s.write(signed[first : first + 2])
+    assert s.result is not None and s.result.frames == 6
 
 
-def test_range_warning_messages() -> None:
+def test_range_refusals_name_the_fix() -> None:
     levels = moving_pattern(4, H, W).astype(np.float32)
-    assert "divide by 255" in (range_warning(levels, (0, 1), None) or "")
-    assert "divide by 255" in (range_warning(levels, (-1, 1), None) or "")
-    assert range_warning(levels / 255, (0, 1), None) is None
-    assert range_warning(levels / 255, (-1, 1), None) is None  # inside: cannot tell
+    with pytest.raises(InvalidVideo, match="divide by 255"):
+        check_range(levels, (0, 1), None)
+    with pytest.raises(InvalidVideo, match="divide by 255"):
+        check_range(levels, (-1, 1), None)
+    assert check_range(levels / 255, (0, 1), None).beyond == 0
+    assert check_range(levels / 255, (-1, 1), None).beyond == 0  # inside: cannot tell
     nan = np.full((2, H, W, 3), np.nan, np.float32)
-    assert range_warning(nan, (0, 1), None) is None  # NaN is documented: it becomes 0
+    assert check_range(nan, (0, 1), None).clipped == 0  # NaN is documented: it becomes 0
 
 
 def test_range_check_reads_a_bounded_sample() -> None:
     """A 10,000-frame 4K video (virtual: broadcast, no memory) is checked in a blink."""
     shape = (10_000, 2160, 3840, 3)
     began = time.perf_counter()
-    assert range_warning(virtual(shape, "float32", -1), (0, 1), None) is not None
-    assert range_warning(virtual(shape, "float32", 0.5), (0, 1), None) is None
+    with pytest.raises(InvalidVideo):
+        check_range(virtual(shape, "float32", -1), (0, 1), None)
+    assert check_range(virtual(shape, "float32", 0.5), (0, 1), None).clipped == 0
     assert time.perf_counter() - began < 1.0
 
 
 @pytest.mark.cuda
-def test_signed_cuda_tensor_warns(client: Any, signed: np.ndarray) -> None:
+def test_signed_cuda_tensor_is_refused(client: Any, signed: np.ndarray) -> None:
     import torch
 
     gpu = torch.from_numpy(signed).cuda().to(torch.bfloat16)
-    with pytest.warns(UserWarning, match=r"value_range=\(-1, 1\)"):
+    with pytest.raises(InvalidVideo, match=r"value_range=\(-1, 1\)"):
         client.encode(gpu)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        client.encode(gpu, value_range=(-1, 1))
+    client.encode(gpu, value_range=(-1, 1))
+    gpu_list = [frame for frame in gpu]  # a list of (H, W, C) CUDA tensors
+    with pytest.raises(InvalidVideo, match=r"value_range=\(-1, 1\)"):
+        client.encode(gpu_list)
+    frames, _ = decode(client.encode(gpu_list, value_range=(-1, 1)).data or b"")
+    assert psnr(frames, moving_pattern(*SIGNED)) >= 38
 
 
 # -- progress and output chunks ------------------------------------------------------------

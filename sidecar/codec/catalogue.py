@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..errors import InvalidRequest
+from ..vocabulary import DEFAULT_PROFILE, H264_PROFILE_CRF, PROFILES
 from .ceiling import PRESET_LADDER, CostCeiling
 from .codec_options import merge_options
 from .codec_rules import join_params, split_params
@@ -23,12 +24,28 @@ VP9_DEADLINES = ("realtime", "good", "best")
 
 
 @dataclass(frozen=True)
+class Profile:
+    """A codec's settings under one profile's name: the preset, the CRF and the encoder
+    options a request that names none of them gets (each one it names wins)."""
+
+    preset: str
+    crf: int
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+
+# "balanced" is the default (`--profile`): chosen by the rate-distortion-time suite
+# (`bench/rdt.py`, docs/performance.md) to make files no larger than 1.25x what diffusers'
+# export_to_video makes of the same frames, at its PSNR within 0.3 dB, in the least time.
+# "fast" is the speed of old, at several times the size; "small" spends more time for
+# files smaller than export_to_video's. The names and H.264's CRFs are the vocabulary's.
+
+
+@dataclass(frozen=True)
 class CodecChoice:
     name: str
     encoder: str
     presets: tuple[str, ...]
-    default_preset: str
-    default_crf: int
+    profiles: Mapping[str, Profile]
     max_crf: int
     quiet: Mapping[str, str] = field(default_factory=dict)
     preset_option: str = "preset"
@@ -36,35 +53,63 @@ class CodecChoice:
     min_size: int = 2  # the smallest width and height it is given
 
 
+def _profiles(fast: Profile, balanced: Profile, small: Profile) -> dict[str, Profile]:
+    return dict(zip(PROFILES, (fast, balanced, small), strict=True))
+
+
 CODECS: dict[str, CodecChoice] = {
-    "h264": CodecChoice("h264", "libx264", X26X_PRESETS, "ultrafast", 18, 51),
+    "h264": CodecChoice(
+        "h264",
+        "libx264",
+        X26X_PRESETS,
+        _profiles(
+            Profile("ultrafast", H264_PROFILE_CRF["fast"]),
+            # aq-strength below x264's 1.0: fewer bits moved into flat areas, which on
+            # generated video bought size at no cost in PSNR or SSIM (bench/rdt.py)
+            Profile("veryfast", H264_PROFILE_CRF["balanced"], {"x264-params": "aq-strength=0.7"}),
+            Profile("slow", H264_PROFILE_CRF["small"]),
+        ),
+        51,
+    ),
     # x265 corrupts its heap now and then on frames narrower than its 64-pixel coding
     # tree unit (40 and 48 pixels wide, at every preset: glibc aborts the process).
     "h265": CodecChoice(
         "h265",
         "libx265",
         X26X_PRESETS,
-        "ultrafast",
-        20,
+        _profiles(Profile("ultrafast", 20), Profile("veryfast", 26), Profile("medium", 28)),
         51,
         {"x265-params": "log-level=error"},
         min_size=64,
     ),
     # SVT-AV1 refuses a side of 2 pixels when it opens; said up front, it names the side.
-    "av1": CodecChoice("av1", "libsvtav1", SVT_AV1_PRESETS, "10", 30, 63, min_size=4),
-    # Constant quality needs b=0; row-mt and cpu-used 8 keep realtime VP9 fast.
+    "av1": CodecChoice(
+        "av1",
+        "libsvtav1",
+        SVT_AV1_PRESETS,
+        _profiles(Profile("10", 30), Profile("10", 32), Profile("7", 32)),
+        63,
+        min_size=4,
+    ),
+    # Constant quality needs b=0 (a bitrate replaces it); row-mt and cpu-used 8 keep
+    # realtime VP9 fast.
     "vp9": CodecChoice(
         "vp9",
         "libvpx-vp9",
         VP9_DEADLINES,
-        "realtime",
-        32,
+        _profiles(
+            Profile("realtime", 32, {"cpu-used": "8"}),
+            Profile("realtime", 32, {"cpu-used": "8"}),
+            Profile("good", 34, {"cpu-used": "4"}),
+        ),
         63,
-        {"b": "0", "cpu-used": "8", "row-mt": "1"},
+        {"b": "0", "row-mt": "1"},
         preset_option="deadline",
         containers=("webm",),
     ),
 }
+
+MIN_BITRATE, MAX_BITRATE = 10_000, 2_000_000_000  # bits per second
 
 
 CONTAINERS = {"mp4": "mp4", "fmp4": "mp4", "webm": "webm"}
@@ -99,9 +144,17 @@ class CodecSpec:
     gop: int | None = None
     threads: int = 0
     extra: tuple[tuple[str, str], ...] = ()
+    bitrate: int | None = None  # bits per second, instead of constant quality
+    profile: str = ""  # empty: the daemon's default profile
 
-    def resolve(self, container: str = "mp4", ceiling: CostCeiling | None = None) -> ResolvedCodec:
-        """The settings, checked; and, with a `ceiling` (the daemon's), within it."""
+    def resolve(
+        self,
+        container: str = "mp4",
+        ceiling: CostCeiling | None = None,
+        default_profile: str = DEFAULT_PROFILE,
+    ) -> ResolvedCodec:
+        """The settings, checked; and, with a `ceiling` (the daemon's), within it. What the
+        request leaves unsaid, its profile (else `default_profile`) says."""
         key = self.codec.strip().lower() or DEFAULT_CODEC[container]
         choice = CODECS.get(ALIASES.get(key, key))
         if choice is None:
@@ -113,12 +166,25 @@ class CodecSpec:
                 "codec.codec",
                 f"{choice.name} does not go in {container}; use {DEFAULT_CODEC[container]}",
             )
-        crf = choice.default_crf if self.crf is None else self.crf
+        named = self.profile or default_profile
+        if named not in PROFILES:
+            raise InvalidRequest(
+                "codec.profile", f"unknown profile {named[:32]!r}; use one of {', '.join(PROFILES)}"
+            )
+        profile = choice.profiles[named]
+        crf = profile.crf if self.crf is None else self.crf
         if not 0 <= crf <= choice.max_crf:
             raise InvalidRequest(
                 "codec.crf", f"{crf} is outside 0..{choice.max_crf} for {choice.name}"
             )
-        preset = self.preset or choice.default_preset
+        if self.bitrate is not None:
+            if self.crf is not None:
+                raise InvalidRequest("codec.bitrate", "give crf or bitrate, not both")
+            if not MIN_BITRATE <= self.bitrate <= MAX_BITRATE:
+                raise InvalidRequest(
+                    "codec.bitrate", f"{self.bitrate} is outside {MIN_BITRATE}..{MAX_BITRATE}"
+                )
+        preset = self.preset or profile.preset
         if preset not in choice.presets:
             raise InvalidRequest(
                 "codec.preset",
@@ -129,15 +195,28 @@ class CodecSpec:
             raise InvalidRequest("codec.gop", f"{self.gop} is outside 1..100000")
         if not 0 <= self.threads <= 256:
             raise InvalidRequest("codec.threads", f"{self.threads} is outside 0..256")
-        # Only allow-listed options, checked and rewritten: see codec_options.
+        # Only allow-listed options, checked and rewritten: see codec_options. The
+        # profile's own options come under the request's.
+        rate = {"crf": str(crf)} if self.bitrate is None else {"b": str(self.bitrate)}
         options = {
             choice.preset_option: preset,
-            "crf": str(crf),
-            **merge_options(choice.encoder, choice.quiet, self.extra),
+            **beneath(merge_options(choice.encoder, choice.quiet, self.extra), profile.extra),
+            **rate,  # after VP9's b=0, which a bitrate replaces
         }
         if ceiling is not None:
             ceiling.check(choice.encoder, preset, options)
         return ResolvedCodec(choice, options, self.gop, self.threads)
+
+
+def beneath(options: dict[str, str], defaults: Mapping[str, str]) -> dict[str, str]:
+    """`options` over `defaults`: a params string merged key by key, the options' winning."""
+    merged = dict(defaults)
+    for key, value in options.items():
+        if key in merged and key.endswith("-params"):
+            merged[key] = join_params({**split_params(merged[key]), **split_params(value)})
+        else:
+            merged[key] = value
+    return merged
 
 
 @dataclass(frozen=True)

@@ -129,6 +129,8 @@ def codec_from_proto(c: pb.CodecOptions) -> CodecSpec:
         gop=c.gop if c.HasField("gop") else None,
         threads=c.threads,
         extra=tuple(sorted(c.extra.items())),
+        bitrate=c.bitrate if c.HasField("bitrate") else None,
+        profile=c.profile,
     )
 
 

@@ -102,6 +102,10 @@ class Server:
         try:
             while not self.should_exit:
                 await asyncio.sleep(0.1)
+                idle_exit = self.config.idle_exit
+                if idle_exit and sidecar.idle_for() >= idle_exit:
+                    log.info("no client has called for %gs (--idle-exit): stopping", idle_exit)
+                    self.should_exit = True
         finally:
             trimmer.cancel()
             await self.shutdown()

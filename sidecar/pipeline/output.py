@@ -38,6 +38,25 @@ def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
+def within_root(path: str, root: Path) -> str:
+    """An absolute `path` inside the output root (as configured, or as it resolves) as
+    the relative path it names there; any other path as it is, for `confine` to judge.
+    The daemon and a client on its host see the same root, so a client may name a file
+    by its absolute path, as `export_to_video` callers do."""
+    given = PurePosixPath(path) if path.startswith("/") and "\x00" not in path else None
+    if given is None or ".." in given.parts:
+        return path  # relative, or refused by `confine` with the reason
+    for base in dict.fromkeys((os.path.abspath(root), os.path.realpath(root))):
+        inside = PurePosixPath(base)
+        if given != inside and given.is_relative_to(inside):
+            return str(given.relative_to(inside))
+    shown = path if len(path) <= 80 else path[:77] + "..."
+    raise InvalidRequest(
+        FIELD,
+        f"{shown!r} is outside the output root {root}; give a path under it, or one relative to it",
+    )
+
+
 def confine(relative: str) -> PurePosixPath:
     """Check a client path lexically; returns it as a relative path."""
     if not relative:
@@ -53,13 +72,13 @@ def confine(relative: str) -> PurePosixPath:
     path = PurePosixPath(relative)
     if relative.endswith("/"):
         raise InvalidRequest(FIELD, f"{relative[:80]!r} names a directory, not a file")
-    if path.is_absolute():
-        raise InvalidRequest(
-            FIELD, f"{relative[:80]!r} is absolute; give a path under the output root"
-        )
     if any(part == ".." for part in path.parts):
         raise InvalidRequest(
             FIELD, f"{relative[:80]!r} contains '..'; it must stay under the output root"
+        )
+    if path.is_absolute():
+        raise InvalidRequest(
+            FIELD, f"{relative[:80]!r} is absolute; give a path under the output root"
         )
     if not path.name or path.name in {".", ".."}:
         raise InvalidRequest(FIELD, f"{relative[:80]!r} does not name a file")
@@ -121,6 +140,7 @@ class FileTarget:
     def prepare(cls, root: Path, relative: str, overwrite: bool, container: str = "") -> FileTarget:
         """Resolve `relative` under `root`, creating directories, refusing any escape and
         a name whose extension does not say `container` ("": any container's)."""
+        relative = within_root(relative, root)
         rel = confine(relative)
         real_root = os.path.realpath(root)
         current = real_root

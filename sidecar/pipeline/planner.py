@@ -21,6 +21,7 @@ from ..codec.landing import check_place
 from ..errors import InvalidRequest
 from ..pool.leases import Lease, LeaseTable
 from ..pool.shm import SlabSet
+from ..vocabulary import DEFAULT_PROFILE
 from .feed import FrameFeed
 from .output import FileTarget, output_container
 from .plans import EncodePlan
@@ -47,8 +48,10 @@ class Planner:
         limits: Limits,
         output_root: Path,
         ceiling: CostCeiling | None = None,
+        profile: str = DEFAULT_PROFILE,
     ) -> None:
         self.ceiling = ceiling or CostCeiling()  # the operator's limit on encoder cost
+        self.profile = profile  # for a request that names none
         self.leases = leases
         self.slabset = slabset
         self.limits = limits
@@ -63,7 +66,7 @@ class Planner:
         geometry = check_geometry(v.width, v.height, v.pixel_format, v.fps, self.limits)
         out = spec.output
         container = output_container(out)
-        codec = spec.codec.resolve(container, self.ceiling)
+        codec = spec.codec.resolve(container, self.ceiling, self.profile)
         codec.check_size(geometry.width, geometry.height)
         audio = spec.audio.format.check() if spec.audio.format is not None else None
         if spec.audio.data and audio is None:

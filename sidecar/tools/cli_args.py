@@ -283,15 +283,16 @@ def _encode(commands: Commands) -> None:
     encode = _command(
         commands,
         "encode",
-        "encode a video file (.npy, .npz or torch .pt) to MP4 or WebM",
+        "encode a video file (.npy, .npz, torch .pt, a directory of frames) to MP4 or WebM",
         "Encode a video file through the daemon and write the result locally. Starts a "
         "daemon for the command when none answers at --socket, and stops it afterwards.",
     )
     encode.add_argument(
         "source",
         metavar="FILE",
-        help="the video: .npy, .npz (one array, or the one named 'video' or 'frames') or a "
-        "torch .pt tensor (needs torch); frames as uint8 0..255, or float in --value-range",
+        help="the video: .npy, .npz (one array, or the one named 'video' or 'frames'), a "
+        "torch .pt tensor or list of frame tensors (needs torch), or a directory of PNG, "
+        "JPEG or WebP frames in name order; frames as uint8 0..255, or float in --value-range",
     )
     encode.add_argument(
         "-o",

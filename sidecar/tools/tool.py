@@ -1,9 +1,7 @@
 """`video-sidecar encode`: encode a video file from the command line, with a progress bar.
 
-Inputs: `.npy`, `.npz` (one array, or the one named `video` or `frames`) and torch `.pt`
-tensors (loaded with `weights_only=True`). Nothing is ever unpickled: a file that would need
-it is refused. The output, and the previews asked for beside it, are checked before anything
-is encoded, so a wrong `-o` costs nothing (`outputs`).
+What it reads is `inputs`'s. The output, and the previews asked for beside it, are checked
+before anything is encoded, so a wrong `-o` costs nothing (`client._files`).
 """
 
 from __future__ import annotations
@@ -12,13 +10,10 @@ import re
 import sys
 import time
 import warnings
-import zipfile
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
-
-import numpy as np
 
 from client import (
     EncodeResult,
@@ -29,22 +24,14 @@ from client import (
     SpriteSheet,
     Thumbnail,
 )
+from client._files import CommitError, OutputError, OutputFile, Outputs
 
 from ..config_values import format_size
+from ..vocabulary import CLI_WORDS, DEFAULT_CONTAINER, EXTENSION_OF
 from .exits import exit_status
+from .inputs import InputError, load_array, load_frames
 from .launcher import AutoDaemon, DaemonStartError, is_serving
-from .outputs import CommitError, OutputError, OutputFile, Outputs, default_output
 from .preview_args import FIELD_FLAGS
-
-ACCEPTED = (
-    "a .npy file, a .npz file (one array, or one named 'video' or 'frames') or a torch .pt tensor"
-)
-NPY_MAGIC = b"\x93NUMPY"
-ZIP_MAGIC = b"PK\x03\x04"
-
-
-class InputError(Exception):
-    """An input file that cannot be used; the message is the whole story, in a line."""
 
 
 @dataclass(frozen=True)
@@ -109,95 +96,10 @@ class ProgressBar:
         self.close()
 
 
-def load_array(path: str, names: tuple[str, ...] = ("video", "frames")) -> Any:
-    """The array in `path`: a numpy array (memory-mapped for .npy) or a CPU tensor.
-
-    Raises InputError. `names` are the names by which an .npz (or a dict in a .pt) may
-    say which of several arrays is meant."""
-    suffix = Path(path).suffix.lower()
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(len(NPY_MAGIC))
-        if suffix in (".pt", ".pth"):
-            return _load_torch(path, names)
-        if suffix == ".npz" and head.startswith(ZIP_MAGIC):
-            return _load_npz(path, names)
-        if head != NPY_MAGIC:  # numpy would take anything else for a pickle
-            kind = {".npy": "a NumPy .npy file", ".npz": "a NumPy .npz file"}.get(suffix)
-            what = f"not {kind}" if kind else "not a supported file"
-            raise InputError(f"cannot read {path}: {what}; give {ACCEPTED}")
-        # Memory-mapped: read while it is copied into shared memory, never all in RAM twice.
-        return np.load(path, mmap_mode="r", allow_pickle=False)
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except (ValueError, zipfile.BadZipFile) as exc:  # an object array, a damaged file
-        reason = _first_line(exc)
-        if "object" in reason.lower() or "pickle" in reason.lower():
-            reason = "it holds Python objects, which would need pickle (never used here)"
-        raise InputError(f"cannot read {path}: {reason}") from None
-
-
-def _pick(path: str, available: list[Any], names: tuple[str, ...]) -> Any:
-    """Which of the arrays in `path` to take: the only one, or the one named in `names`."""
-    if len(available) == 1:
-        return available[0]
-    named = [n for n in names if n in available]
-    if len(named) == 1:
-        return named[0]
-    if named:
-        both = " and ".join(repr(n) for n in named)
-        raise InputError(f"{path} holds both {both}: cannot tell which to encode")
-    listed = ", ".join(sorted(map(str, available))) or "nothing"
-    wanted = " or ".join(repr(n) for n in names)
-    raise InputError(
-        f"{path} holds {len(available)} arrays ({listed}): keep one, or name the one "
-        f"to use {wanted}"
-    )
-
-
-def _load_npz(path: str, names: tuple[str, ...]) -> Any:
-    with np.load(path, allow_pickle=False) as archive:
-        return archive[_pick(path, list(archive.files), names)]
-
-
-def _load_torch(path: str, names: tuple[str, ...]) -> Any:
-    try:
-        import torch
-    except ImportError:
-        raise InputError(
-            f"cannot read {path}: .pt files need torch (pip install torch); or save the "
-            "video with numpy.save as .npy"
-        ) from None
-    try:
-        # weights_only: tensors and plain containers only; never arbitrary pickled code.
-        with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
-            warnings.simplefilter("ignore")
-            loaded = torch.load(path, map_location="cpu", weights_only=True)
-    except OSError:
-        raise
-    except Exception as exc:  # torch raises many kinds for a file it cannot load safely
-        raise InputError(
-            f"cannot read {path}: torch does not load it as tensors alone "
-            f"(weights_only=True: {_torch_reason(exc)}); save the video with "
-            "torch.save(tensor)"
-        ) from None
-    if isinstance(loaded, dict):
-        loaded = loaded[_pick(path, list(loaded), names)]
-    if not isinstance(loaded, torch.Tensor):
-        raise InputError(f"{path} holds a {type(loaded).__name__}, not a tensor")
-    return loaded
-
-
-def _torch_reason(exc: BaseException) -> str:
-    # torch's message is a paragraph about its defaults; the unpickler's complaint is
-    # the part that says what is in the file.
-    match = re.search(r"WeightsUnpickler error:\s*(.+?)(?:\n\n|$)", str(exc), re.S)
-    return " ".join(match.group(1).split()) if match else _first_line(exc)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+def default_output(source: str, container: str) -> Path:
+    """The input's name with its container's extension (.mp4, .webm), in the current
+    directory."""
+    return Path(Path(source).with_suffix(EXTENSION_OF[container or DEFAULT_CONTAINER]).name)
 
 
 def as_flags(message: str) -> str:
@@ -215,13 +117,13 @@ def as_flags(message: str) -> str:
 
 def run(cmd: EncodeCommand) -> int:
     try:
-        video = load_array(cmd.source)
+        video = load_frames(cmd.source)
         audio = load_array(cmd.audio, ("audio",)) if cmd.audio else None
     except InputError as exc:
         print(f"video-sidecar: {exc}", file=sys.stderr)
         return 2
     out = Path(cmd.output) if cmd.output else default_output(cmd.source, cmd.container)
-    output = OutputFile(out, cmd.overwrite, cmd.source, cmd.container)
+    output = OutputFile(out, cmd.overwrite, cmd.source, cmd.container, words=CLI_WORDS)
     outputs = Outputs(output, cmd.preview_formats())
     with ExitStack() as stack:
         try:

@@ -235,7 +235,7 @@ class VideoDescriptor(_message.Message):
     def __init__(self, width: _Optional[int] = ..., height: _Optional[int] = ..., pixel_format: _Optional[_Union[PixelFormat, str]] = ..., fps: _Optional[_Union[Rational, _Mapping]] = ..., ranges: _Optional[_Iterable[_Union[FrameRange, _Mapping]]] = ...) -> None: ...
 
 class CodecOptions(_message.Message):
-    __slots__ = ("codec", "crf", "preset", "gop", "threads", "extra")
+    __slots__ = ("codec", "crf", "preset", "gop", "threads", "extra", "bitrate", "profile")
     class ExtraEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -249,13 +249,17 @@ class CodecOptions(_message.Message):
     GOP_FIELD_NUMBER: _ClassVar[int]
     THREADS_FIELD_NUMBER: _ClassVar[int]
     EXTRA_FIELD_NUMBER: _ClassVar[int]
+    BITRATE_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
     codec: str
     crf: int
     preset: str
     gop: int
     threads: int
     extra: _containers.ScalarMap[str, str]
-    def __init__(self, codec: _Optional[str] = ..., crf: _Optional[int] = ..., preset: _Optional[str] = ..., gop: _Optional[int] = ..., threads: _Optional[int] = ..., extra: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    bitrate: int
+    profile: str
+    def __init__(self, codec: _Optional[str] = ..., crf: _Optional[int] = ..., preset: _Optional[str] = ..., gop: _Optional[int] = ..., threads: _Optional[int] = ..., extra: _Optional[_Mapping[str, str]] = ..., bitrate: _Optional[int] = ..., profile: _Optional[str] = ...) -> None: ...
 
 class FileOutput(_message.Message):
     __slots__ = ("path", "overwrite")

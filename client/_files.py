@@ -1,8 +1,11 @@
-"""The local files `video-sidecar encode` writes: the video, and its previews beside it
-(`out.mp4` gets `out.thumbnail.jpg` and `out.sprites.jpg`, as the daemon names them
-beside a file output). Each is checked and reserved before anything is encoded, so a
-wrong `-o` costs nothing, and moved into place at the end; a file that cannot be placed
-takes back those this run placed, so no video is left without the previews asked for.
+"""Local files the client writes from an encode's bytes: the video, and its previews
+beside it (`out.mp4` gets `out.thumbnail.jpg` and `out.sprites.jpg`, as the daemon
+names them beside a file output). For `export_to_video` and `video-sidecar encode`,
+which write wherever their caller may, not only under the daemon's output root.
+
+Each file is checked and reserved before anything is encoded, so a wrong path costs
+nothing, and moved into place at the end, atomically; a file that cannot be placed takes
+back those this run placed, so no video is left without the previews asked for.
 """
 
 from __future__ import annotations
@@ -13,23 +16,21 @@ import stat
 import tempfile
 from pathlib import Path
 
-from client import EncodeResult, Preview
+from sidecar.vocabulary import (
+    CLIENT_WORDS,
+    IMAGE_SUFFIX,
+    PREVIEW_FILE_INFIX,
+    FileNameError,
+    Wording,
+    file_container,
+)
 
-from ..vocabulary import DEFAULT_CONTAINER, EXTENSION_OF, FileNameError, Wording, file_container
-from .preview_args import FILE_INFIX, FILE_SUFFIX
-
-CLI_WORDS = Wording("-o", "--container", "drop --container")
-
-
-def default_output(source: str, container: str) -> Path:
-    """The input's name with its container's extension (.mp4, .webm), in the current
-    directory."""
-    return Path(Path(source).with_suffix(EXTENSION_OF[container or DEFAULT_CONTAINER]).name)
+from ._types import EncodeResult, Preview
 
 
 def preview_path(video: Path, kind: str, image_format: str) -> Path:
     """Where a preview of `kind` goes beside `video`: `out.mp4` -> `out.thumbnail.jpg`."""
-    return video.with_name(video.stem + FILE_INFIX[kind] + FILE_SUFFIX[image_format])
+    return video.with_name(video.stem + PREVIEW_FILE_INFIX[kind] + IMAGE_SUFFIX[image_format])
 
 
 class OutputError(Exception):
@@ -46,13 +47,20 @@ class OutputFile:
     name must say its container (`is_video`); a preview's is made from it."""
 
     def __init__(
-        self, path: Path, overwrite: bool, source: str, container: str = "", is_video: bool = True
+        self,
+        path: Path,
+        overwrite: bool,
+        source: str = "",
+        container: str = "",
+        is_video: bool = True,
+        words: Wording = CLIENT_WORDS,
     ) -> None:
         self.path = path
         self.overwrite = overwrite
-        self.source = source
+        self.source = source  # the input's file, never to be written over ("": none)
         self.container = container  # "" until `reserve`: the one the name says
         self.is_video = is_video
+        self.words = words
         self.tmp: str | None = None
         self.created = False  # placed by this run where no file was
 
@@ -61,17 +69,17 @@ class OutputFile:
         if out.is_dir():
             raise OutputError(f"output {out} is a directory; give a file name")
         if out.exists():
-            if os.path.samefile(out, self.source):
+            if self.source and os.path.samefile(out, self.source):
                 raise OutputError(f"output {out} is the input file")
             if not stat.S_ISREG(out.stat().st_mode):  # never replace a device or a FIFO
                 raise OutputError(f"output {out} exists and is not a regular file")
         if (out.exists() or out.is_symlink()) and not self.overwrite:
-            raise OutputError(f"output {out} exists; pass --overwrite to replace it")
+            raise OutputError(f"output {out} exists; pass {self.words.overwrite} to replace it")
         if not out.parent.is_dir():
             raise OutputError(f"cannot write {out}: directory {out.parent} does not exist")
         if self.is_video:
             try:
-                self.container = file_container(str(out), self.container, CLI_WORDS)
+                self.container = file_container(str(out), self.container, self.words)
             except FileNameError as exc:
                 raise OutputError(str(exc)) from None
         try:
@@ -128,6 +136,7 @@ class Outputs:
                 video.overwrite,
                 video.source,
                 is_video=False,
+                words=video.words,
             )
             for kind, image_format in previews.items()
         }
