@@ -24,7 +24,7 @@ from ._framed import framed_path
 from ._results import attachment_from_proto
 from ._slabs import SlabMap
 from ._spare import Spare
-from ._steps import Call, Exclusive, Steps, Work
+from ._steps import Call, Exclusive, Steps
 from ._types import Attachment
 
 log = logging.getLogger(__name__)
@@ -148,7 +148,7 @@ class AttachedCore:
         self.framed = framed_path(self.target, resp.framed_socket, resp.framed_version)
         self.spare.drop()  # leases belong to the old token
         if not self.inline and cuda_in_use():  # a GPU worker: none of it in a request
-            yield Work(self.cuda_host().warm_up, long=True)
+            self.cuda_host().warm_in_background()
         return attachment
 
     def _map_slabs(self, attachment: Attachment) -> None:

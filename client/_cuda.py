@@ -1,10 +1,13 @@
 """The CUDA path: register each slab once per process, copy device-to-host into leases.
 
-A slab is `cudaHostRegister`ed the first time a CUDA copy lands in it, and stays
-registered until the client unmaps it, so the per-request cost is a copy at full PCIe
-speed and nothing else. Conversion (layout, range, dtype, optionally RGB to 4:2:0) runs
-on the GPU in batches of frames on a side stream that waits for the producer's stream
-through an event; no device-wide synchronize.
+A slab is `cudaHostRegister`ed once per process and stays registered until the client
+unmaps it, so the per-request cost is a copy at full PCIe speed and nothing else. A GPU
+worker registers every slab on a thread of its own as it attaches (or in `warm_up()`); a
+request that needs a slab not yet registered registers it itself, waiting for at most
+one registration. No request compiles the 4:2:0 kernel either (`_yuv_kernel`).
+Conversion (layout, range, dtype, optionally RGB to 4:2:0) runs on the GPU in batches of
+frames on a side stream that waits for the producer's stream through an event; no
+device-wide synchronize.
 
 Registration state is per process. After a fork the child forgets the parent's
 registrations (they are not valid in the child) and never unregisters them.
@@ -22,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _yuv_kernel
 from ._convert import Conversion, Ops
 from ._frame_list import FrameList
 from ._slabs import SlabMap
@@ -38,26 +42,27 @@ OVERLAP_BATCHES = 4  # fused 4:2:0 batches: smaller, converted while the last on
 # then overlaps the encode, and what the caller waits for is queueing the batches, some
 # 0.2 ms each (a kernel launch, events, streams): such a video takes whole batches.
 LANDING_MIN_BYTES = 32 * 1024 * 1024
+# How long `warm_up()` waits for the 4:2:0 kernel to compile: Triton's disk cache makes it
+# quick after a host's first worker; else the rest is finished in the background.
+KERNEL_WAIT_S = 0.3
 
 
 class CudaRuntime:
-    """cudaHostRegister and friends, from cuda-python when installed, else torch."""
+    """cudaHostRegister and friends: torch's binding of the CUDA runtime (torch is already
+    loaded once a CUDA tensor comes), else cuda-python's."""
 
     def __init__(self) -> None:
         self._rt: Any
         try:
-            from cuda.bindings import runtime as rt
-        except ImportError:
-            try:
-                from cuda import cudart as rt  # older cuda-python
-            except ImportError:
-                rt = None
-        if rt is not None:
-            self._rt = rt
-        else:
             import torch
 
             self._rt = torch.cuda.cudart()
+        except (ImportError, AttributeError, RuntimeError):
+            try:
+                from cuda.bindings import runtime as rt
+            except ImportError:
+                from cuda import cudart as rt  # older cuda-python
+            self._rt = rt
 
     @staticmethod
     def _code(result: Any) -> int:
@@ -90,6 +95,7 @@ class CudaHost:
     _runtime: CudaRuntime | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _warned: bool = False
+    _registering: threading.Thread | None = None
 
     def _check_fork(self) -> None:
         if os.getpid() != self.pid:
@@ -99,6 +105,7 @@ class CudaHost:
             self._failed = set()
             self._streams = {}
             self._runtime = None
+            self._registering = None
             self.registrations = 0
 
     @property
@@ -115,19 +122,25 @@ class CudaHost:
         """Register the slab holding `region`, once. False means pageable copies."""
         return self.ensure_registered_at(int(region.ctypes.data))
 
-    def ensure_registered_at(self, address: int) -> bool:
-        """Register the slab holding `address`, once. False means pageable copies."""
+    def ensure_registered_at(self, address: int, quiet: bool = False) -> bool:
+        """Register the slab holding `address`, once. False means pageable copies.
+        `quiet` (the background's): a failure is neither remembered nor warned of, so
+        that the request that needs the slab tries, and warns its caller."""
         self._check_fork()
-        slab = self.slabs.slab_of(address)
-        if slab is None:
-            return False
-        address, size = slab
         with self._lock:
+            # Looked up under the lock: a slab being unmapped is gone from the map first.
+            slab = self.slabs.slab_of(address)
+            if slab is None:
+                return False
+            address, size = slab
             if address in self._registered:
                 return True
             if address in self._failed:
                 return False
             code = self.runtime.register(address, size)
+            if code not in (CUDA_SUCCESS, ALREADY_REGISTERED) and quiet:
+                self.runtime.clear_error()
+                return False
             if code == ALREADY_REGISTERED:
                 # Someone else in this process registered it; use it, never unregister it.
                 self.runtime.clear_error()
@@ -141,6 +154,27 @@ class CudaHost:
             self._registered[address] = (size, True)
             self.registrations += 1
             return True
+
+    def register_all(self, quiet: bool = False) -> None:
+        """Register every mapped slab that is not yet (some 50 ms a GiB); `quiet`: in the
+        background, stopping at the first failure (the requests then say it)."""
+        for address in self.slabs.addresses():
+            if not self.ensure_registered_at(address, quiet) and quiet:
+                return
+
+    def warm_in_background(self, device: Any = None) -> None:
+        """What a first request would otherwise pay, on threads of their own: every slab
+        registered, the 4:2:0 kernel compiled (`_yuv_kernel`). A request meanwhile
+        registers the slab it needs itself (waiting for at most one registration) and
+        converts without the kernel until it is ready."""
+        self._check_fork()
+        if self._registering is None or not self._registering.is_alive():
+            self._registering = threading.Thread(
+                target=self.register_all, args=(True,), name="video-sidecar-register", daemon=True
+            )
+            self._registering.start()
+        if _yuv_kernel.available():
+            _yuv_kernel.warm(_yuv_kernel.USUAL, device or _current_device())
 
     def unregister(self, address: int) -> bool:
         """Called before a slab is unmapped. False: keep the mapping (still registered)."""
@@ -184,29 +218,19 @@ class CudaHost:
     def video(self, view: Any, conversion: Conversion) -> CudaVideo:
         return CudaVideo(view, conversion, self)
 
-    def warm_up(self, device: Any = None) -> None:
-        """What a first request would otherwise pay: register every slab (some 50 ms a
-        GiB), and compile the 4:2:0 kernel for the inputs a generator sends (uint8
-        frames last; bf16, fp16 and fp32 channels first, as a VAE decodes them)."""
-        for address in self.slabs.addresses():
-            self.ensure_registered_at(address)
-        from . import _yuv_kernel
+    def warm_up(self, device: Any = None, wait: float = KERNEL_WAIT_S) -> None:
+        """`warm_up()`'s GPU part: every slab registered now; the 4:2:0 kernel compiled,
+        waiting up to `wait` seconds for it (it is finished in the background, and
+        requests convert without it until then)."""
+        self.register_all()
+        if _yuv_kernel.available():
+            _yuv_kernel.warm(_yuv_kernel.USUAL, device or _current_device(), wait)
 
-        if not _yuv_kernel.available():
-            return
-        import torch
 
-        device = torch.device(device or "cuda")
-        out = torch.empty((1, 24, 32), dtype=torch.uint8, device=device)
-        for dtype in (torch.uint8, torch.bfloat16, torch.float16, torch.float32):
-            frames = torch.zeros((3, 1, 16, 32), dtype=dtype, device=device)
-            thwc = (
-                frames.permute(1, 2, 3, 0)
-                if dtype.is_floating_point
-                else frames.reshape(1, 16, 32, 3)
-            )
-            _yuv_kernel.rgb_to_yuv420(thwc, out, 1.0, 0.0, False)
-        torch.cuda.synchronize(device)
+def _current_device() -> Any:
+    import torch
+
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 class CudaVideo:
@@ -233,11 +257,10 @@ class CudaVideo:
         # only for a video that may be sent while it lands (an event costs each batch).
         self._marks: list[tuple[Any, int]] = []
         self._marked = self.frames * self.frame_bytes >= LANDING_MIN_BYTES
-        from . import _yuv_kernel  # imports Triton: only once a CUDA tensor comes
-
-        self._kernel = _yuv_kernel
-        # 4:2:0 in one kernel where Triton is at hand; it needs no float scratch.
-        self._fused = conversion.yuv and _yuv_kernel.available()
+        # 4:2:0 in one kernel where it is compiled (`_yuv_kernel`); it needs no float
+        # scratch. A batch the kernel is not ready for takes the elementwise path.
+        nv12 = conversion.pixel_format == "nv12"
+        self._fused = conversion.yuv and _yuv_kernel.ready(frames_thwc, nv12)
         scratch = self.frame_bytes if self._fused else self.height * self.width * channels * 4
         self._batch = max(1, GPU_BATCH_BYTES // scratch)
         if self._fused and not self._marked:
@@ -291,12 +314,12 @@ class CudaVideo:
     def _convert(self, batch: Any, shape: tuple[int, ...]) -> Any:
         """Wire frames for `batch`, on the GPU (the caller's own frames when they are)."""
         conversion = self.conversion
-        if not self._fused:
+        nv12 = conversion.pixel_format == "nv12"
+        if not (self._fused and _yuv_kernel.ready(batch, nv12)):
             return conversion.apply(batch, self._ops)
         out = self._torch.empty((len(batch), *shape), dtype=self._torch.uint8, device=self.device)
         scale, shift = (1.0, 0.0) if conversion.integer else (conversion.scale, conversion.offset)
-        nv12 = conversion.pixel_format == "nv12"
-        self._kernel.rgb_to_yuv420(batch, out, scale, shift, nv12)
+        _yuv_kernel.rgb_to_yuv420(batch, out, scale, shift, nv12)
         return out
 
     def finish(self) -> None:

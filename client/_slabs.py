@@ -81,12 +81,12 @@ class SlabMap:
         return array[offset : offset + size]
 
     def addresses(self) -> list[int]:
-        """The base address of every mapped slab."""
-        return [int(array.ctypes.data) for array in self._arrays.values()]
+        """The base address of every mapped slab (read from any thread: a snapshot)."""
+        return [int(array.ctypes.data) for array in list(self._arrays.values())]
 
     def slab_of(self, address: int) -> tuple[int, int] | None:
         """(base address, size) of the slab containing `address`."""
-        for array in self._arrays.values():
+        for array in list(self._arrays.values()):
             base = int(array.ctypes.data)
             if base <= address < base + array.size:
                 return base, int(array.size)
@@ -95,9 +95,11 @@ class SlabMap:
     def close(self) -> None:
         """Unmap everything; a mapping still borrowed by a live view is left to the GC."""
         for slab_id, array in list(self._arrays.items()):
+            # Out of the map first: a registration on another thread no longer finds it.
+            del self._arrays[slab_id]
             keep = self.before_unmap is not None and not self.before_unmap(int(array.ctypes.data))
             mapped = self._maps.pop(slab_id)
-            del self._arrays[slab_id], array
+            del array
             if keep:
                 self._kept.append(mapped)
                 continue

@@ -1,122 +1,135 @@
-"""RGB to 4:2:0 on the GPU in one kernel: read each frame once, write Y and chroma once.
+"""When the fused 4:2:0 kernel (`_yuv_triton`) serves a request: only once it is compiled.
 
-The elementwise path (`_convert.rgb_to_yuv420`) makes a float32 copy of the batch and
-runs a dozen passes over it, about 10 GB/s on an H200. This Triton kernel reads the
-caller's frames in place (any layout's strides, uint8 or float) and writes the wire
-frames, so the conversion runs near memory speed and the device-to-host copy of half the
-bytes dominates. The arithmetic is the elementwise path's: BT.709 limited range from
-0..255 levels, chroma the mean of each 2x2 block, round half to even, NaN to 0.
+Importing Triton and compiling a kernel takes a second or more in a fresh process (less
+once Triton's disk cache holds it, never nothing), which a request must not pay. So the
+kernel is made ready on a thread of its own, started when a GPU worker attaches (or by
+`warm_up`), and a batch of frames takes the fused kernel only if the kernel for its
+specialisation (`Key`) is compiled; until then the elementwise path converts it, to the
+same bytes within rounding. A batch whose key was not foreseen (an unaligned view, NV12)
+has its kernel compiled in the background by the same thread, for the next request.
 
-Triton is optional: `available()` is False without it (or without a GPU), and the client
-then uses the elementwise path.
+Triton is optional: without it (or where it fails to compile, said once on the log) the
+elementwise path serves everything.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import logging
+import queue
+import threading
 from typing import Any
 
-from ._convert import U_ROW, V_ROW, Y_ROW
+log = logging.getLogger("client")
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # no Triton: the elementwise path serves
-    triton = None
+Key = tuple[str, bool, bool]  # (dtype, source 16-byte aligned, NV12)
+DTYPES = ("uint8", "bfloat16", "float16", "float32")  # what frames and VAEs hand over
+# What a worker sends: each dtype, from an aligned tensor or from a view into one.
+USUAL: tuple[Key, ...] = tuple((d, aligned, False) for d in DTYPES for aligned in (True, False))
 
-BLOCK = 128  # chroma columns per program: 256 luma columns of two rows
+
+class _Kernel:
+    """The process's state of the kernel: what is compiled, what is asked for, the thread."""
+
+    def __init__(self) -> None:
+        self.ready: set[Key] = set()
+        self.asked: set[Key] = set()
+        self.done = threading.Condition()
+        self.jobs: queue.SimpleQueue[tuple[Key, Any]] = queue.SimpleQueue()
+        self.worker: threading.Thread | None = None
+        self.broken = False
+        self.installed: bool | None = None
+
+    def available(self) -> bool:
+        if self.installed is None:
+            self.installed = importlib.util.find_spec("triton") is not None
+        return self.installed and not self.broken
+
+    def warm(self, keys: tuple[Key, ...], device: Any, wait: float) -> bool:
+        with self.done:
+            for key in keys:
+                if key not in self.asked:
+                    self.asked.add(key)
+                    self.jobs.put((key, device))
+            if self.worker is None or not self.worker.is_alive():
+                self.worker = threading.Thread(
+                    target=self.compile, name="video-sidecar-kernel", daemon=True
+                )
+                self.worker.start()
+            self.done.wait_for(lambda: self.broken or self.holds(keys), timeout=wait)
+            return self.holds(keys)
+
+    def holds(self, keys: tuple[Key, ...]) -> bool:
+        return all(k in self.ready for k in keys)
+
+    def compile(self) -> None:
+        """The background thread: import Triton, then launch the kernel once per key
+        asked for, on tiny frames on a stream of its own (compiling it)."""
+        try:
+            import torch
+
+            from . import _yuv_triton
+
+            while True:  # waits for more keys for good: a thread asleep costs nothing
+                key, device = self.jobs.get()
+                _launch(torch, _yuv_triton, key, torch.device(device or "cuda"))
+                with self.done:
+                    self.ready.add(key)
+                    self.done.notify_all()
+        except Exception as exc:  # no compiler, an old driver: the elementwise path serves
+            log.warning("the fused GPU 4:2:0 kernel is not used: %s", exc)
+            with self.done:
+                self.broken = True
+                self.done.notify_all()
+
+
+_KERNEL = _Kernel()
 
 
 def available() -> bool:
-    return triton is not None
+    """Whether Triton is installed (found, not imported: importing it is what is slow)."""
+    return _KERNEL.available()
 
 
-if triton is not None:
+def key_of(frames: Any, nv12: bool) -> Key:
+    """A batch's specialisation: its dtype, its data's alignment, NV12 or not."""
+    dtype = str(frames.dtype).removeprefix("torch.")
+    pointer = frames.data_ptr() if hasattr(frames, "data_ptr") else 0  # a list's: fresh
+    return dtype, pointer % 16 == 0, nv12
 
-    @triton.jit
-    def _levels(src, offset, mask, scale, shift):
-        value = tl.load(src + offset, mask=mask, other=0).to(tl.float32)
-        return value * scale + shift
 
-    @triton.jit
-    def _to_byte(x):
-        x = tl.where(x != x, 0.0, x)  # noqa: PLR0124 - NaN is the value unequal to itself
-        x = tl.minimum(tl.maximum(x, 0.0), 255.0)
-        r = tl.floor(x + 0.5)
-        tie = (r - x) == 0.5
-        odd = (r - 2.0 * tl.floor(r * 0.5)) == 1.0
-        return tl.where(tie & odd, r - 1.0, r).to(tl.uint8)
+def ready(frames: Any, nv12: bool) -> bool:
+    """Whether the fused kernel may convert `frames` now; if not yet compiled for them,
+    it is compiled in the background, for later batches."""
+    if not available():
+        return False
+    key = key_of(frames, nv12)
+    if key in _KERNEL.ready:
+        return True
+    warm((key,), frames.device)
+    return False
 
-    @triton.jit
-    def _rgb_to_420(
-        src,
-        dst,
-        height,
-        width,
-        s_t,
-        s_h,
-        s_w,
-        s_c,
-        scale,
-        shift,
-        NV12: tl.constexpr,
-        BLOCK: tl.constexpr,
-        YR: tl.constexpr,
-        YG: tl.constexpr,
-        YB: tl.constexpr,
-        UR: tl.constexpr,
-        UG: tl.constexpr,
-        UB: tl.constexpr,
-        VR: tl.constexpr,
-        VG: tl.constexpr,
-        VB: tl.constexpr,
-    ):
-        pair = tl.program_id(0)  # frame * (height // 2) + chroma row
-        half_h = height // 2
-        frame = pair // half_h
-        row = pair % half_h
-        j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # chroma columns
-        mask = j < width // 2
-        base = frame.to(tl.int64) * s_t
-        y_plane = frame.to(tl.int64) * (height * width * 3 // 2)
-        r_sum = tl.zeros((BLOCK,), tl.float32)
-        g_sum = tl.zeros((BLOCK,), tl.float32)
-        b_sum = tl.zeros((BLOCK,), tl.float32)
-        for dy in tl.static_range(2):
-            for dx in tl.static_range(2):
-                at = base + (2 * row + dy) * s_h + (2 * j + dx) * s_w
-                r = _levels(src, at, mask, scale, shift)
-                g = _levels(src, at + s_c, mask, scale, shift)
-                b = _levels(src, at + 2 * s_c, mask, scale, shift)
-                y = _to_byte(YR * r + YG * g + YB * b + 16.0)
-                tl.store(dst + y_plane + (2 * row + dy) * width + 2 * j + dx, y, mask=mask)
-                r_sum += r
-                g_sum += g
-                b_sum += b
-        r_mean, g_mean, b_mean = r_sum * 0.25, g_sum * 0.25, b_sum * 0.25
-        u = _to_byte(UR * r_mean + UG * g_mean + UB * b_mean + 128.0)
-        v = _to_byte(VR * r_mean + VG * g_mean + VB * b_mean + 128.0)
-        chroma = y_plane + height * width
-        if NV12:
-            tl.store(dst + chroma + row * width + 2 * j, u, mask=mask)
-            tl.store(dst + chroma + row * width + 2 * j + 1, v, mask=mask)
-        else:
-            quarter = half_h * (width // 2)
-            tl.store(dst + chroma + row * (width // 2) + j, u, mask=mask)
-            tl.store(dst + chroma + quarter + row * (width // 2) + j, v, mask=mask)
+
+def warm(keys: tuple[Key, ...], device: Any, wait: float = 0.0) -> bool:
+    """Compile the kernel for `keys` on the background thread; wait up to `wait` seconds
+    for them. True once all are ready."""
+    return available() and _KERNEL.warm(keys, device, wait)
 
 
 def rgb_to_yuv420(frames: Any, out: Any, scale: float, shift: float, nv12: bool) -> None:
-    """Convert `frames`, a (k, H, W, 3) tensor view of any strides and dtype, into `out`,
-    a contiguous uint8 (k, H*3/2, W) tensor on the same device. `scale` and `shift` map
-    the values to 0..255 levels (1 and 0 for uint8)."""
-    assert triton is not None
-    k, height, width, _ = frames.shape
-    s_t, s_h, s_w, s_c = frames.stride()
-    grid = (k * (height // 2), triton.cdiv(width // 2, BLOCK))
-    _rgb_to_420[grid](
-        frames, out, height, width, s_t, s_h, s_w, s_c, float(scale), float(shift),
-        NV12=nv12, BLOCK=BLOCK,
-        YR=Y_ROW[0], YG=Y_ROW[1], YB=Y_ROW[2],
-        UR=U_ROW[0], UG=U_ROW[1], UB=U_ROW[2],
-        VR=V_ROW[0], VG=V_ROW[1], VB=V_ROW[2],
-    )  # fmt: skip
+    """The fused conversion (see `_yuv_triton`); only for frames `ready` said yes to."""
+    from . import _yuv_triton
+
+    _yuv_triton.rgb_to_yuv420(frames, out, scale, shift, nv12)
+
+
+def _launch(torch: Any, kernel: Any, key: Key, device: Any) -> None:
+    dtype, aligned, nv12 = key
+    stream = torch.cuda.Stream(device=device)
+    with torch.cuda.device(device), torch.cuda.stream(stream):
+        skip = 0 if aligned else 1  # one element in: a pointer no longer 16-byte aligned
+        flat = torch.zeros(skip + 16 * 32 * 3, dtype=getattr(torch, dtype), device=device)
+        frames = flat[skip:].view(1, 16, 32, 3)
+        out = torch.empty((1, 24, 32), dtype=torch.uint8, device=device)
+        kernel.rgb_to_yuv420(frames, out, 1.0, 0.0, nv12)
+    stream.synchronize()

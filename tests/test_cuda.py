@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -293,3 +295,55 @@ def test_previews_from_the_gpu_420_default_path(
     assert frames == (0, 6, 12, 18)
     tiles = np.concatenate([box(rgb[f], 4) for f in frames], axis=1)
     assert psnr(shown["sprite_sheet"], tiles) >= 33  # JPEG blocks cross tile edges
+
+
+def test_a_gpu_worker_registers_every_slab_off_the_request_path(
+    daemon: Daemon, rgb: np.ndarray
+) -> None:
+    """The first request attaches; every slab is then registered on a thread of its own,
+    so no later request registers one in line."""
+    gpu = torch.from_numpy(rgb[:4]).cuda()
+    with daemon.client() as c:
+        c.encode(gpu)
+        slabs = len(c.attach().slabs)
+        deadline = time.monotonic() + 10
+        while c.cuda_registrations < slabs and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert c.cuda_registrations == slabs
+
+
+def test_requests_never_wait_for_the_kernel_to_compile(
+    daemon: Daemon, rgb: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the 4:2:0 kernel compiles (held here for as long as the test likes), requests
+    convert without it; once it is ready, they use it, for the same picture."""
+    from client import _yuv_kernel
+
+    if not _yuv_kernel.available():
+        pytest.skip("Triton is not installed")
+    held = threading.Event()
+    kernel = _yuv_kernel._Kernel()
+    compile_now = kernel.compile
+
+    def compile_later() -> None:
+        held.wait(60)
+        compile_now()
+
+    kernel.compile = compile_later  # type: ignore[method-assign]
+    monkeypatch.setattr(_yuv_kernel, "_KERNEL", kernel)
+    fused: list[int] = []
+    convert = _yuv_kernel.rgb_to_yuv420
+    monkeypatch.setattr(
+        _yuv_kernel, "rgb_to_yuv420", lambda *args: (fused.append(1), convert(*args))[1]
+    )
+    gpu = torch.from_numpy(rgb).cuda()
+    with daemon.client() as c:
+        before = c.encode(gpu, threads=1)
+        assert fused == [] and not kernel.ready  # answered without waiting for it
+        held.set()
+        assert _yuv_kernel.warm(_yuv_kernel.USUAL, "cuda", wait=120)
+        after = c.encode(gpu, threads=1)
+        assert fused  # the kernel, now that it is ready
+    first, _ = decode(before.data or b"")
+    second, _ = decode(after.data or b"")
+    assert psnr(first, second) >= 45  # the same conversion, within rounding
