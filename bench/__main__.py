@@ -13,18 +13,23 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import shlex
 import sys
 from dataclasses import dataclass
 from typing import Any
 
+from sidecar.vocabulary import PROFILES
+
 from . import node, suites, traffic
 from .common import (
     CONTENTS,
     PATTERNS,
+    PROFILE_ENV,
     SHAPES,
     Device,
     Row,
+    encode_settings,
     git_commit,
     machine,
     read_json,
@@ -54,6 +59,13 @@ def _what_flags(p: argparse.ArgumentParser) -> None:
         "--suite",
         default="e2e",
         help="comma list of e2e, transfer, throughput, stream, memory, node, traffic, or 'all'",
+    )
+    p.add_argument(
+        "--profile",
+        choices=PROFILES,
+        default=None,
+        help="the daemon's profile, and every variant's x264 settings with it (default: "
+        "$VIDEO_SIDECAR_PROFILE, else the daemon's default, balanced)",
     )
     p.add_argument(
         "--pattern",
@@ -210,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     device = Device(args.device)
     wanted, contents = _check(args)
+    if args.profile:  # the daemons the bench starts read it too: one setting for all
+        os.environ[PROFILE_ENV] = args.profile
     # What a flag left out means depends on the suite.
     load = TrafficLoad(
         clients=args.clients or traffic.default_clients(args.device),
@@ -324,6 +338,7 @@ def _meta(
         "machine": machine(),
         "commit": git_commit(),
         "content": asked.contents,
+        "encoding": encode_settings(),  # every variant's, the sidecar's profile included
     }
     if "e2e" in wanted:
         meta["pattern"] = args.pattern

@@ -217,9 +217,20 @@ def with_meta_defaults(meta: dict[str, Any]) -> dict[str, Any]:
     return {"date": "?", "command": "?", "device": "?", "commit": "", **meta, "machine": facts}
 
 
+PROFILE_ENV = "VIDEO_SIDECAR_PROFILE"  # the daemon's --profile, as its environment says it
+
+
 def encode_settings() -> dict[str, Any]:
-    """The x264 settings every variant uses."""
-    return {"codec": "libx264", "preset": "ultrafast", "crf": 18, "fps": 24}
+    """The x264 settings every variant uses: those of the daemon's profile (`--profile`
+    sets $VIDEO_SIDECAR_PROFILE, which the bench's daemons read too), so that upstream_a
+    and ffmpeg_pipe encode exactly as the sidecar does."""
+    from sidecar.codec.catalogue import CODECS
+    from sidecar.vocabulary import DEFAULT_PROFILE
+
+    name = os.environ.get(PROFILE_ENV) or DEFAULT_PROFILE
+    chosen = CODECS["h264"].profiles[name]
+    options = {"preset": chosen.preset, "crf": str(chosen.crf), **chosen.extra}
+    return {"codec": "libx264", "profile": name, "options": options, "fps": 24}
 
 
 def as_host(video: Any) -> np.ndarray:

@@ -47,6 +47,7 @@ from .common import (
     Device,
     Row,
     as_host,
+    encode_settings,
     git_commit,
     machine,
     parse_shape,
@@ -71,7 +72,7 @@ def x264_alone(
 ) -> tuple[float, int]:
     """(ms, output bytes) for one encode of `frames` by a codec context, opened untimed,
     threaded as the daemon threads an encode given `cores` (default: all of them)."""
-    codec = CodecSpec().resolve("mp4")
+    codec = CodecSpec(profile=encode_settings()["profile"]).resolve("mp4")
     cores = cores or len(os.sched_getaffinity(0))
     threads, thread_type = threading_for(len(frames), height, cores)
     geometry = check_geometry(width, height, "yuv420p", Fraction(24), LIMITS)

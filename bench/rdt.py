@@ -25,7 +25,8 @@ The others:
 `--sweep preset:crf-crf,...` adds in-process PyAV encodes (`x264_<preset>_<crf>`, frame
 threads) to chart presets by CRF.
 
-Contents: `natural` (photographs from scikit-image's data module, panned and zoomed),
+Contents: `natural` (photographs from scikit-image's data module, panned and zoomed; on
+a host without it, PNGs copied from its data directory into $VIDEO_SIDECAR_BENCH_PHOTOS),
 `smooth` (moving colour waves), `noisy` (the same with per-pixel grain, sigma 4 levels).
 """
 
@@ -70,23 +71,42 @@ ANCHOR = {"preset": "medium", "crf": "25"}  # imageio-ffmpeg at quality 5
 # -- content ---------------------------------------------------------------------------------
 
 
-def natural(frames: int, height: int, width: int, seed: int = 0) -> np.ndarray:
-    """A slow pan and zoom over one of scikit-image's photographs (the bench extra)."""
-    from skimage import data, transform
+PHOTOS_ENV = "VIDEO_SIDECAR_BENCH_PHOTOS"  # a directory of PNGs where scikit-image is not
 
-    photos = (data.astronaut, data.coffee, data.chelsea, data.rocket)
-    image = photos[seed % len(photos)]().astype(np.float32)
+
+def photographs() -> list[np.ndarray]:
+    """scikit-image's photographs (the bench extra), or the PNGs copied from its data
+    directory into $VIDEO_SIDECAR_BENCH_PHOTOS (a host that cannot install it)."""
+    folder = os.environ.get(PHOTOS_ENV)
+    if folder:
+        names = sorted(Path(folder).glob("*.png"))
+        return [decoded_image(path) for path in names]
+    from skimage import data
+
+    return [f() for f in (data.astronaut, data.coffee, data.chelsea, data.rocket)]
+
+
+def decoded_image(path: Path) -> np.ndarray:
+    with av.open(str(path)) as container:
+        return next(container.decode(video=0)).to_ndarray(format="rgb24")
+
+
+def natural(frames: int, height: int, width: int, seed: int = 0) -> np.ndarray:
+    """A slow pan and zoom over a photograph, each frame a crop scaled by swscale."""
+    photos = photographs()
+    image = photos[seed % len(photos)]
     rows, cols = image.shape[:2]
     out = np.empty((frames, height, width, 3), np.uint8)
     for i in range(frames):
         f = i / max(1, frames - 1)
         crop_w = min(cols / (1 + 0.3 * f) * 0.9, rows / (1 + 0.3 * f) * 0.9 * width / height)
         crop_h = crop_w * height / width
-        x0 = (cols - crop_w) * (0.2 + 0.6 * f)
-        y0 = (rows - crop_h) * (0.5 + 0.3 * np.sin(f * 3))
-        crop = image[int(y0) : int(y0 + crop_h), int(x0) : int(x0 + crop_w)]
-        scaled = transform.resize(crop, (height, width), order=1, anti_aliasing=False)
-        out[i] = np.clip(scaled, 0, 255).astype(np.uint8)
+        x0 = int((cols - crop_w) * (0.2 + 0.6 * f)) // 2 * 2
+        y0 = int((rows - crop_h) * (0.5 + 0.3 * np.sin(f * 3))) // 2 * 2
+        crop = np.ascontiguousarray(image[y0 : y0 + int(crop_h), x0 : x0 + int(crop_w)])
+        frame = av.VideoFrame.from_ndarray(crop, format="rgb24")
+        scaled = frame.reformat(width, height, "rgb24", interpolation="BILINEAR")
+        out[i] = scaled.to_ndarray()
     return out
 
 
@@ -110,18 +130,27 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
     return 10 * float(np.log10(255**2 / max(mse, 1e-12)))
 
 
-def ssim(a: np.ndarray, b: np.ndarray) -> float | None:
-    """Mean SSIM of the luma of every 8th frame; None without scikit-image."""
-    try:
-        from skimage.metrics import structural_similarity
-    except ImportError:
-        return None
-    weights = np.array([0.2126, 0.7152, 0.0722], np.float32)
-    scores = [
-        structural_similarity(a[i] @ weights, b[i] @ weights, data_range=255)
-        for i in range(0, len(a), 8)
-    ]
-    return float(np.mean(scores))
+def ssim(a: np.ndarray, b: np.ndarray) -> float:
+    """Mean SSIM of the luma of every 8th frame, over 7x7 windows (as scikit-image's
+    default, without needing it)."""
+    weights = np.array([0.2126, 0.7152, 0.0722], np.float64)
+    return float(np.mean([_ssim(a[i] @ weights, b[i] @ weights) for i in range(0, len(a), 8)]))
+
+
+def _ssim(x: np.ndarray, y: np.ndarray, win: int = 7) -> float:
+    c1, c2 = (0.01 * 255) ** 2, (0.03 * 255) ** 2
+
+    def mean(z: np.ndarray) -> np.ndarray:  # the mean of each win x win window
+        s = np.pad(z, ((1, 0), (1, 0))).cumsum(0).cumsum(1)
+        return (s[win:, win:] - s[:-win, win:] - s[win:, :-win] + s[:-win, :-win]) / win**2
+
+    mx, my = mean(x), mean(y)
+    n = win * win
+    vx = (mean(x * x) - mx * mx) * n / (n - 1)
+    vy = (mean(y * y) - my * my) * n / (n - 1)
+    cov = (mean(x * y) - mx * my) * n / (n - 1)
+    s = ((2 * mx * my + c1) * (2 * cov + c2)) / ((mx**2 + my**2 + c1) * (vx + vy + c2))
+    return float(s.mean())
 
 
 # -- the ways to an MP4 ----------------------------------------------------------------------
@@ -226,7 +255,7 @@ class Tally:
     times_ms: list[float] = field(default_factory=list)
     bytes: int = 0
     psnr: float = 0.0
-    ssim: float | None = None
+    ssim: float = 0.0
 
 
 def run_shape(ways: list[Way], device: Device, shape: str, name: str, samples: int) -> list[Row]:
@@ -270,7 +299,7 @@ def _row(way: Way, tally: Tally, shape: str, name: str) -> Row:
         extra={
             "bytes": tally.bytes,
             "psnr_db": round(tally.psnr, 3),
-            "ssim": None if tally.ssim is None else round(tally.ssim, 5),
+            "ssim": round(tally.ssim, 5),
         },
     )
 
@@ -391,7 +420,7 @@ def table(rows: list[Row]) -> str:
                 f" {r.median_ms / anchor.median_ms:.2f}x | {e['bytes'] / a['bytes']:.2f}x"
                 f" | {e['psnr_db'] - a['psnr_db']:+.2f} |"
             )
-        ssim_text = "" if e["ssim"] is None else f"{e['ssim']:.4f}"
+        ssim_text = f"{e['ssim']:.4f}"
         lines.append(
             f"| {r.variant} | {r.median_ms:.0f} | {e['bytes']} | {e['psnr_db']:.2f} | "
             f"{ssim_text} |{ratio or ' | | |'}"

@@ -11,7 +11,8 @@
 - `sidecar_yuv`: the same with RGB converted to yuv420p before the copy (on the GPU
   with --device cuda), so half the bytes move and the daemon does no colour conversion.
 
-All encode H.264 with libx264, preset ultrafast, crf 18, 24 fps.
+All encode H.264 with libx264 at the daemon's profile (`--profile`, by default
+"balanced"; `common.encode_settings`), 24 fps.
 """
 
 from __future__ import annotations
@@ -32,17 +33,16 @@ import numpy as np
 
 from .common import Device, as_host, encode_settings, parse_shape
 
-SETTINGS = encode_settings()
-
 
 def pyav_encode(frames: np.ndarray, *, borrowed: bool) -> bytes:
     """Encode (T, H, W, 3) rgb24 frames with PyAV's default threading, as upstream does."""
+    settings = encode_settings()
     buf = io.BytesIO()
     with av.open(buf, "w", format="mp4") as container:
-        stream = container.add_stream(SETTINGS["codec"], rate=Fraction(SETTINGS["fps"]))
+        stream = container.add_stream(settings["codec"], rate=Fraction(settings["fps"]))
         stream.width, stream.height = frames.shape[2], frames.shape[1]
         stream.pix_fmt = "yuv420p"
-        stream.codec_context.options = {"preset": SETTINGS["preset"], "crf": str(SETTINGS["crf"])}
+        stream.codec_context.options = settings["options"]
         make = av.VideoFrame.from_numpy_buffer if borrowed else av.VideoFrame.from_ndarray
         for i, image in enumerate(frames):
             frame = make(image, format="rgb24")
@@ -149,13 +149,14 @@ class FfmpegPipe(Variant):
     def run(self, video: Any, shape: str) -> bytes:
         host = self._pinned_copy(video)
         w, h, _ = parse_shape(shape)
+        settings = encode_settings()
+        options = [a for k, v in settings["options"].items() for a in (f"-{k}", v)]
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "out.mp4"
             cmd = [
                 "ffmpeg", "-loglevel", "error", "-f", "rawvideo", "-pix_fmt", "rgb24",
-                "-s", f"{w}x{h}", "-r", str(SETTINGS["fps"]), "-i", "-",
-                "-c:v", SETTINGS["codec"], "-preset", SETTINGS["preset"],
-                "-crf", str(SETTINGS["crf"]), "-pix_fmt", "yuv420p",
+                "-s", f"{w}x{h}", "-r", str(settings["fps"]), "-i", "-",
+                "-c:v", settings["codec"], *options, "-pix_fmt", "yuv420p",
                 "-movflags", "+faststart", str(out),
             ]  # fmt: skip
             subprocess.run(cmd, input=np.ascontiguousarray(host).tobytes(), check=True)
@@ -172,8 +173,8 @@ class Sidecar(Variant):
         self.options = options
 
     def run(self, video: Any, shape: str) -> bytes:
-        result = self.client.encode(video, fps=SETTINGS["fps"], pixel_format=self.pixel_format,
-                                    **self.options)  # fmt: skip
+        result = self.client.encode(video, fps=encode_settings()["fps"],
+                                    pixel_format=self.pixel_format, **self.options)  # fmt: skip
         self.last_timings = result.timings.as_dict()
         return result.data  # type: ignore[no-any-return]
 

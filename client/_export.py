@@ -39,7 +39,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sidecar.vocabulary import DEFAULT_PROFILE, H264_PROFILE_CRF, IMAGEIO_MEDIUM_CRF
+from sidecar.vocabulary import (
+    DEFAULT_PROFILE,
+    H264_PROFILE_CRF,
+    IMAGEIO_MEDIUM_CRF,
+    h264_profile_crf,
+)
 
 from ._autostart import ensure_daemon
 from ._checks import finite, whole
@@ -48,6 +53,7 @@ from ._files import CommitError, OutputError, OutputFile, Outputs
 from ._options import Fps
 from ._previews import SpriteSheet, Thumbnail
 from ._sync import SidecarClient
+from ._video import video_geometry
 
 CRF_SCALE = {"vp9": 63, "libvpx-vp9": 63, "av1": 63, "libsvtav1": 63, "svtav1": 63}
 H264_NAMES = ("", "h264", "avc", "x264", "libx264")
@@ -97,7 +103,7 @@ def export_to_video(
     # The profile named, so that `quality` and the daemon read one CRF scale (not the
     # operator's default profile, which encode() follows).
     passed["profile"] = profile = DEFAULT_PROFILE if profile is None else profile
-    crf, bitrate = _rate(quality, bitrate, crf, codec, profile)
+    crf, bitrate = _rate(quality, bitrate, crf, codec, profile, video_frames, layout)
     if macro_block_size is not None:
         whole("macro_block_size", macro_block_size, 1, 2**16)
     path = _output_path(output_video_path)
@@ -119,13 +125,15 @@ def export_to_video(
     return path
 
 
-def _rate(quality: Any, bitrate: Any, crf: Any, codec: Any, profile: str) -> tuple[Any, int | None]:
+def _rate(
+    quality: Any, bitrate: Any, crf: Any, codec: Any, profile: str, video: Any, layout: Any
+) -> tuple[Any, int | None]:
     """(crf, bitrate) as the request carries them: `bitrate` in bits per second, else
-    `crf`, else the CRF `quality` makes."""
+    `crf`, else the CRF `quality` makes for this video."""
     if bitrate is not None:
         return crf, bits_per_second(bitrate)
     if crf is None and quality is not None:
-        return crf_of(quality, codec, profile), None
+        return crf_of(quality, codec, profile, video_geometry(video, layout)), None
     return crf, None
 
 
@@ -146,18 +154,21 @@ def _reserved(path: str, overwrite: bool, thumbnail: Any, sprite_sheet: Any) -> 
     return outputs
 
 
-def crf_of(quality: Any, codec: Any = "", profile: str = DEFAULT_PROFILE) -> int:
+def crf_of(
+    quality: Any, codec: Any = "", profile: str = DEFAULT_PROFILE, video: tuple[int, ...] = ()
+) -> int:
     """The CRF for `quality` 0-10: imageio-ffmpeg's, `int((1 - quality / 10) * 51)` (5
-    gives 25), which is libx264 `medium`'s; for H.264 moved by the profile's own CRF, whose
-    preset makes at it what `medium` makes at 25 (balanced: 22). VP9 and AV1 take it on
-    their 0-63 scale, H.265 as it is."""
+    gives 25), which is libx264 `medium`'s; for H.264 moved to the profile's own scale,
+    where its preset makes what `medium` makes at 25 (balanced: 22 to 24, by the `video`'s
+    (width, height, frames); `sidecar.vocabulary.h264_profile_crf`). VP9 and AV1 take it
+    on their 0-63 scale, H.265 as it is."""
     value = finite("quality", quality)
     if not 0 <= value <= 10:
         raise InvalidArgument(f"quality must be 0 to 10, got {quality!r}")
     name = codec.strip().lower() if isinstance(codec, str) else ""
     crf = int((1 - value / 10) * CRF_SCALE.get(name, 51))
     if name in H264_NAMES and profile in H264_PROFILE_CRF:
-        crf += H264_PROFILE_CRF[profile] - IMAGEIO_MEDIUM_CRF
+        crf += h264_profile_crf(profile, *video) - IMAGEIO_MEDIUM_CRF
     return min(max(crf, 0), 51 if name not in CRF_SCALE else 63)
 
 

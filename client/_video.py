@@ -212,6 +212,15 @@ def prepare_video(
     return ArrayVideo(view, conversion, Ops(torch))
 
 
+def video_geometry(video: Any, layout: str | None = None) -> tuple[int, int, int]:
+    """(width, height, frames) of a video as `encode` reads it, touching no pixel."""
+    found = _frames_of(video, None, layout)
+    if isinstance(found, PlanarVideo):
+        return found.width, found.height, found.frames
+    frames, height, width, _ = found[0].shape
+    return int(width), int(height), int(frames)
+
+
 def _frames_of(
     video: Any, pixel_format: str | None, layout: str | None
 ) -> PlanarVideo | tuple[Any, Any, str]:

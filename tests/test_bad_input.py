@@ -265,7 +265,7 @@ def test_unknown_keywords_name_the_method(client: Any, twin: str) -> None:
     with pytest.raises(TypeError, match=rf"^{name}\.encode\(\) got an unexpected .* 'crff'"):
         client.encode(video, crff=20)
     with pytest.raises(TypeError, match=rf"^{name}\.stream\(\) got an unexpected"):
-        client.stream(fps=24, bitrate=5)
+        client.stream(fps=24, bitrat=5)
     with pytest.raises(TypeError, match=rf"^{name}\.encode_leased\(\) got an unexpected"):
         client.encode_leased([], width=W, height=H, preset_="fast")
 

@@ -168,7 +168,16 @@ def test_values_are_rewritten_canonically() -> None:
 
 
 def test_existing_fields_and_daemon_defaults() -> None:
-    assert CodecSpec().resolve().options == {"preset": "ultrafast", "crf": "18"}
+    assert CodecSpec().resolve().options == {
+        "preset": "veryfast",
+        "crf": "22",
+        "aq-strength": "0.7",
+    }
+    assert CodecSpec(profile="fast").resolve().options == {"preset": "ultrafast", "crf": "18"}
+    small = CodecSpec(profile="small", crf=30).resolve().options  # named settings win
+    assert small == {"preset": "slow", "crf": "30"}
+    assert CodecSpec(bitrate=500_000).resolve().options["b"] == "500000"
+    assert "crf" not in CodecSpec(bitrate=500_000).resolve().options
     assert resolve("h265", {}) == {
         "preset": "ultrafast",
         "crf": "20",

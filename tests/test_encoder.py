@@ -77,11 +77,15 @@ def test_yuv420p_input(tmp_path: Path, height: int) -> None:
 
 
 def test_codec_spec_resolution() -> None:
-    assert CodecSpec().resolve().options == {"preset": "ultrafast", "crf": "18"}
+    assert CodecSpec(profile="fast").resolve().options == {"preset": "ultrafast", "crf": "18"}
+    assert CodecSpec().resolve(video=(448, 256, 17)).options["crf"] == "24"  # small, short
+    assert CodecSpec().resolve(video=(1280, 720, 81)).options["crf"] == "22"
     assert CodecSpec("hevc").resolve().choice.encoder == "libx265"
     assert CodecSpec("av1", preset="8").resolve().options["preset"] == "8"
     for bad in (CodecSpec("vp8"), CodecSpec(crf=-1), CodecSpec(gop=0), CodecSpec(threads=999),
-                CodecSpec(extra=(("bad key", "1"),)), CodecSpec(preset="fastest")):  # fmt: skip
+                CodecSpec(extra=(("bad key", "1"),)), CodecSpec(preset="fastest"),
+                CodecSpec(profile="quick"), CodecSpec(bitrate=5),
+                CodecSpec(crf=20, bitrate=500_000)):  # fmt: skip
         with pytest.raises(InvalidRequest):
             bad.resolve()
 

@@ -203,6 +203,8 @@ ranges = st.builds(
     codec=st.sampled_from(["", "", "h264", "h265", "av1", "vp9", "bogus", "h265\x00"]),
     crf=st.one_of(st.none(), st.integers(0, 51), st.integers(-(2**31), 2**31 - 1)),
     preset=st.one_of(st.just(""), st.just("ultrafast"), st.text(max_size=12)),
+    profile=st.one_of(st.sampled_from(["", "fast", "balanced", "small"]), st.text(max_size=12)),
+    bitrate=st.one_of(st.none(), st.sampled_from([10_000, 500_000]), st.integers(0, 2**64 - 1)),
     threads=st.one_of(st.just(0), st.integers(0, 2**32 - 1)),
     path=st.one_of(st.none(), HOSTILE_PATHS),
     container=st.integers(-2, 6),
@@ -226,6 +228,8 @@ def test_encode_descriptors(
     codec,
     crf,
     preset,
+    profile,
+    bitrate,
     threads,
     path,
     container,
@@ -242,9 +246,11 @@ def test_encode_descriptors(
         pb.FrameRange(lease_id=ids[k], offset=o, frame_count=n, row_stride=rs, frame_stride=fs)
         for k, o, n, rs, fs in pieces
     ]
-    options = pb.CodecOptions(codec=codec, preset=preset, threads=threads)
+    options = pb.CodecOptions(codec=codec, preset=preset, threads=threads, profile=profile)
     if crf is not None:
         options.crf = crf
+    if bitrate is not None:
+        options.bitrate = bitrate
     output = pb.OutputSpec(container=container)  # type: ignore[arg-type]
     if path is None:
         output.bytes.SetInParent()
@@ -294,7 +300,7 @@ def assert_lease_kept_unless_ok(s, token: str, lease_id: str, code: grpc.StatusC
 FIELDS = [
     "width", "height", "pixel_format", "fps.num", "fps.den", "offset", "frame_count",
     "row_stride", "frame_stride", "lease_id", "crf", "gop", "threads", "preset", "codec",
-    "path", "container", "extra",
+    "path", "container", "extra", "bitrate", "profile",
 ]  # fmt: skip
 
 
@@ -334,8 +340,10 @@ def test_one_bad_field(stub, field, number, text) -> None:  # type: ignore[no-un
         setattr(c, field, max(-(2**31), min(number, 2**31 - 1)))
     elif field == "threads":
         c.threads = number % 2**32
-    elif field in ("preset", "codec"):
+    elif field in ("preset", "codec", "profile"):
         setattr(c, field, text)
+    elif field == "bitrate":
+        c.bitrate = number % 2**64
     elif field == "path":
         request.output.file.path = text
     elif field == "container":
@@ -644,6 +652,17 @@ def valid_bytes(token: str, lease_id: str) -> list[bytes]:
                 thumbnail=pb.Thumbnail(index=1, max_width=64, format=pb.IMAGE_FORMAT_WEBP),
                 sprite_sheet=pb.SpriteSheet(tiles=2, tile_width=16, columns=2, quality=50),
             ),
+        ).SerializeToString(),
+        pb.EncodeRequest(
+            client_token=token,
+            request_id="r-5",
+            video=video,
+            codec=pb.CodecOptions(profile="small", bitrate=200_000),
+        ).SerializeToString(),
+        pb.StreamRequest(
+            header=pb.StreamHeader(
+                client_token=token, width=16, height=16, codec=pb.CodecOptions(profile="fast")
+            )
         ).SerializeToString(),
         pb.StreamRequest(chunk=pb.StreamChunk(inline=b"\x01" * 64)).SerializeToString(),
         pb.FramedRequest(

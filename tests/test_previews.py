@@ -61,7 +61,7 @@ def wire(
     elif pixel_format == "rgba":
         alpha = np.full((*video.shape[:3], 1), 255, video.dtype)
         video = np.concatenate([video, alpha], axis=3)
-    source = prepare_video(video, pixel_format=pixel_format, value_range=value_range, warn=None)
+    source = prepare_video(video, pixel_format=pixel_format, value_range=value_range)
     region = np.zeros(source.frames * source.frame_bytes, np.uint8)
     source.copy_into(region, 0, source.frames)
     shape = PIXEL_FORMATS[pixel_format].frame_shape(source.width, source.height)

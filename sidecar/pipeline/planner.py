@@ -66,7 +66,10 @@ class Planner:
         geometry = check_geometry(v.width, v.height, v.pixel_format, v.fps, self.limits)
         out = spec.output
         container = output_container(out)
-        codec = spec.codec.resolve(container, self.ceiling, self.profile)
+        frames = 0 if stream else max(0, sum(r.frame_count for r in v.ranges))
+        codec = spec.codec.resolve(
+            container, self.ceiling, self.profile, (v.width, v.height, frames)
+        )
         codec.check_size(geometry.width, geometry.height)
         audio = spec.audio.format.check() if spec.audio.format is not None else None
         if spec.audio.data and audio is None:
