@@ -3,8 +3,8 @@ totals for streamed videos, and output chunks handed back while encoding."""
 
 from __future__ import annotations
 
-import time
 import logging
+import time
 from typing import Any
 
 import numpy as np

@@ -280,9 +280,7 @@ def test_a_daemon_is_started_when_none_answers_and_stops_when_idle(tmp_path: Pat
             )
             for name in names
         ]
-        return [
-            subprocess.CompletedProcess(p.args, p.wait(60), *p.communicate()) for p in procs
-        ]
+        return [subprocess.CompletedProcess(p.args, p.wait(60), *p.communicate()) for p in procs]
 
     first = run("a.mp4", "b.mp4")  # two callers at once: one daemon
     assert all(r.returncode == 0 and "written" in r.stdout for r in first), first
