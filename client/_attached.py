@@ -18,7 +18,7 @@ from sidecar.vocabulary import Reason
 
 from ._channel import fork_generation, no_daemon, resolve_target
 from ._choice import WayName
-from ._cuda import CudaHost
+from ._cuda import CudaHost, process_host
 from ._errors import DeadlineExceeded, SidecarError, SidecarUnavailable
 from ._framed import framed_path
 from ._results import attachment_from_proto
@@ -180,6 +180,5 @@ class AttachedCore:
 
     def cuda_host(self) -> CudaHost:
         if self.cuda is None:
-            self.cuda = CudaHost(self.slabs)
-            self.slabs.before_unmap = self.cuda.unregister
+            self.cuda = process_host()  # shared by the process's clients, as its mappings
         return self.cuda

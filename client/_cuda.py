@@ -28,7 +28,7 @@ import numpy as np
 from . import _yuv_kernel
 from ._convert import Conversion, Ops
 from ._frame_list import FrameList
-from ._slabs import SlabMap
+from ._slabs import PROCESS_MAPS, ProcessMaps
 from ._video import frame_bytes, frame_shape
 
 log = logging.getLogger(__name__)
@@ -84,9 +84,10 @@ class CudaRuntime:
 
 @dataclass
 class CudaHost:
-    """One client's CUDA state in one process: registrations and side streams."""
+    """This process's CUDA state, which its clients share (`process_host`): the slabs'
+    registrations and the side streams."""
 
-    slabs: SlabMap
+    maps: ProcessMaps
     pid: int = field(default_factory=os.getpid)
     registrations: int = 0  # successful cudaHostRegister calls, for tests and status
     _registered: dict[int, tuple[int, bool]] = field(default_factory=dict)  # addr -> size, owned
@@ -129,7 +130,7 @@ class CudaHost:
         self._check_fork()
         with self._lock:
             # Looked up under the lock: a slab being unmapped is gone from the map first.
-            slab = self.slabs.slab_of(address)
+            slab = self.maps.slab_of(address)
             if slab is None:
                 return False
             address, size = slab
@@ -156,9 +157,10 @@ class CudaHost:
             return True
 
     def register_all(self, quiet: bool = False) -> None:
-        """Register every mapped slab that is not yet (some 50 ms a GiB); `quiet`: in the
-        background, stopping at the first failure (the requests then say it)."""
-        for address in self.slabs.addresses():
+        """Register every slab mapped in this process that is not yet (some 50 ms a GiB);
+        `quiet`: in the background, stopping at the first failure (the requests then say
+        it)."""
+        for address in self.maps.addresses():
             if not self.ensure_registered_at(address, quiet) and quiet:
                 return
 
@@ -225,6 +227,21 @@ class CudaHost:
         self.register_all()
         if _yuv_kernel.available():
             _yuv_kernel.warm(_yuv_kernel.USUAL, device or _current_device(), wait)
+
+
+_HOST: CudaHost | None = None
+_HOST_LOCK = threading.Lock()
+
+
+def process_host() -> CudaHost:
+    """This process's CUDA state, made on first use: every client's slabs are mapped once
+    per process (`_slabs.PROCESS_MAPS`), and so registered once."""
+    global _HOST  # noqa: PLW0603 - one per process, as the mappings it registers
+    with _HOST_LOCK:
+        if _HOST is None:
+            _HOST = CudaHost(PROCESS_MAPS)
+            PROCESS_MAPS.before_unmap = _HOST.unregister
+        return _HOST
 
 
 def _current_device() -> Any:

@@ -3,6 +3,12 @@
 We open `/dev/shm/<name>` and `mmap` it ourselves. `multiprocessing.shared_memory` would
 register the segment with Python's resource tracker, which unlinks it when this process
 exits and so would destroy the daemon's pool.
+
+A process maps each slab once, whatever number of clients it runs (`PROCESS_MAPS`): eight
+fresh clients of one worker attach without mapping and pre-faulting the pool eight times,
+and a CUDA worker registers each slab once (`_cuda`). A client's `SlabMap` holds the
+slabs of the daemon instance it attached to; the mapping goes when its last client lets
+go of it.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,17 +32,110 @@ class SlabInfo:
     size: int
 
 
-class SlabMap:
-    """Slab id -> flat uint8 array over a shared mapping, for one daemon instance."""
+@dataclass
+class _Mapping:
+    map: mmap.mmap
+    array: np.ndarray
+    users: int = 0
+
+
+class ProcessMaps:
+    """Every slab mapped in this process, by path, shared by its clients."""
 
     def __init__(self) -> None:
-        self.instance_id = ""
-        self._maps: dict[int, mmap.mmap] = {}
-        self._arrays: dict[int, np.ndarray] = {}
+        self._lock = threading.Lock()
+        self._maps: dict[str, _Mapping] = {}
         # Called with a slab's address before it is unmapped; False keeps the mapping
         # (a CUDA registration that could not be undone must not outlive its memory).
         self.before_unmap: Callable[[int], bool] | None = None
         self._kept: list[mmap.mmap] = []
+
+    def acquire(self, shm_dir: str, slab: SlabInfo) -> tuple[str, np.ndarray]:
+        """The slab's path and a flat uint8 array over its mapping, mapped if no client
+        of this process has it yet."""
+        if "/" in slab.shm_name or slab.shm_name in {"", ".", ".."}:
+            raise SidecarUnavailable(f"daemon sent a bad slab name {slab.shm_name!r}")
+        path = os.path.join(shm_dir, slab.shm_name)
+        with self._lock:
+            mapping = self._maps.get(path)
+            if mapping is None or mapping.array.size != slab.size:
+                if mapping is not None:  # another segment by that name: a new daemon
+                    self._drop(path)
+                mapping = self._maps[path] = _map(path, slab.size)
+            mapping.users += 1
+            return path, mapping.array
+
+    def release(self, path: str) -> None:
+        """One client lets go of `path`; the last one unmaps it."""
+        with self._lock:
+            mapping = self._maps.get(path)
+            if mapping is None:
+                return
+            mapping.users -= 1
+            if mapping.users > 0:
+                return
+            del self._maps[path]  # out of the map first: a registration elsewhere skips it
+        self._unmap(mapping)
+
+    def _drop(self, path: str) -> None:
+        mapping = self._maps.pop(path)
+        self._unmap(mapping)
+
+    def _unmap(self, mapping: _Mapping) -> None:
+        address = int(mapping.array.ctypes.data)
+        keep = self.before_unmap is not None and not self.before_unmap(address)
+        del mapping.array
+        if keep:
+            self._kept.append(mapping.map)
+            return
+        with contextlib.suppress(BufferError):  # a live view still borrows it: the GC will
+            mapping.map.close()
+
+    def addresses(self) -> list[int]:
+        """The base address of every slab mapped in this process (from any thread)."""
+        return [int(m.array.ctypes.data) for m in list(self._maps.values())]
+
+    def slab_of(self, address: int) -> tuple[int, int] | None:
+        """(base address, size) of the mapped slab containing `address` (no lock: a slab
+        being unmapped is gone from the map before it is)."""
+        for mapping in list(self._maps.values()):
+            base = int(mapping.array.ctypes.data)
+            if base <= address < base + mapping.array.size:
+                return base, int(mapping.array.size)
+        return None
+
+
+def _map(path: str, size: int) -> _Mapping:
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SidecarUnavailable(
+            f"cannot open slab {path}: {exc.strerror}. The client must share the daemon's "
+            "/dev/shm (same host, same IPC namespace) and its user or group."
+        ) from None
+    try:
+        found = os.fstat(fd).st_size
+        if found != size:
+            raise SidecarUnavailable(f"slab {path} is {found} bytes, expected {size}")
+        # Populate the page tables now, not on the first copy of every request.
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        mapped = mmap.mmap(fd, size, flags=flags)
+    finally:
+        os.close(fd)
+    return _Mapping(mapped, np.frombuffer(mapped, dtype=np.uint8))
+
+
+PROCESS_MAPS = ProcessMaps()
+
+
+class SlabMap:
+    """One client's slabs: slab id -> flat uint8 array, for one daemon instance."""
+
+    def __init__(self, maps: ProcessMaps = PROCESS_MAPS) -> None:
+        self.instance_id = ""
+        self._process = maps
+        self._paths: dict[int, str] = {}
+        self._arrays: dict[int, np.ndarray] = {}
 
     def map(self, instance_id: str, shm_dir: str, slabs: list[SlabInfo]) -> None:
         """Map every slab of `instance_id`; a new instance replaces the old mappings."""
@@ -44,34 +144,11 @@ class SlabMap:
         self.close()
         try:
             for slab in slabs:
-                self._map_one(shm_dir, slab)
+                self._paths[slab.id], self._arrays[slab.id] = self._process.acquire(shm_dir, slab)
         except BaseException:
             self.close()
             raise
         self.instance_id = instance_id
-
-    def _map_one(self, shm_dir: str, slab: SlabInfo) -> None:
-        if "/" in slab.shm_name or slab.shm_name in {"", ".", ".."}:
-            raise SidecarUnavailable(f"daemon sent a bad slab name {slab.shm_name!r}")
-        path = os.path.join(shm_dir, slab.shm_name)
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError as exc:
-            raise SidecarUnavailable(
-                f"cannot open slab {path}: {exc.strerror}. The client must share the daemon's "
-                "/dev/shm (same host, same IPC namespace) and its user or group."
-            ) from None
-        try:
-            size = os.fstat(fd).st_size
-            if size != slab.size:
-                raise SidecarUnavailable(f"slab {path} is {size} bytes, expected {slab.size}")
-            # Populate the page tables now, not on the first copy of every request.
-            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-            mapped = mmap.mmap(fd, slab.size, flags=flags)
-        finally:
-            os.close(fd)
-        self._maps[slab.id] = mapped
-        self._arrays[slab.id] = np.frombuffer(mapped, dtype=np.uint8)
 
     def region(self, slab_id: int, offset: int, size: int) -> np.ndarray:
         """The leased bytes as a flat writable uint8 view."""
@@ -81,28 +158,14 @@ class SlabMap:
         return array[offset : offset + size]
 
     def addresses(self) -> list[int]:
-        """The base address of every mapped slab (read from any thread: a snapshot)."""
+        """The base address of each of this client's slabs."""
         return [int(array.ctypes.data) for array in list(self._arrays.values())]
 
-    def slab_of(self, address: int) -> tuple[int, int] | None:
-        """(base address, size) of the slab containing `address`."""
-        for array in list(self._arrays.values()):
-            base = int(array.ctypes.data)
-            if base <= address < base + array.size:
-                return base, int(array.size)
-        return None
-
     def close(self) -> None:
-        """Unmap everything; a mapping still borrowed by a live view is left to the GC."""
-        for slab_id, array in list(self._arrays.items()):
-            # Out of the map first: a registration on another thread no longer finds it.
-            del self._arrays[slab_id]
-            keep = self.before_unmap is not None and not self.before_unmap(int(array.ctypes.data))
-            mapped = self._maps.pop(slab_id)
-            del array
-            if keep:
-                self._kept.append(mapped)
-                continue
-            with contextlib.suppress(BufferError):
-                mapped.close()
+        """Let go of every slab; the last client of a slab in this process unmaps it."""
+        paths = list(self._paths.values())
+        self._paths.clear()
+        self._arrays.clear()
+        for path in paths:
+            self._process.release(path)
         self.instance_id = ""
