@@ -220,16 +220,16 @@ def with_meta_defaults(meta: dict[str, Any]) -> dict[str, Any]:
 PROFILE_ENV = "VIDEO_SIDECAR_PROFILE"  # the daemon's --profile, as its environment says it
 
 
-def encode_settings() -> dict[str, Any]:
-    """The x264 settings every variant uses: those of the daemon's profile (`--profile`
-    sets $VIDEO_SIDECAR_PROFILE, which the bench's daemons read too), so that upstream_a
-    and ffmpeg_pipe encode exactly as the sidecar does."""
-    from sidecar.codec.catalogue import CODECS
+def encode_settings(width: int = 0, height: int = 0, frames: int = 0) -> dict[str, Any]:
+    """The x264 settings every variant uses for a video of this size and length: those of
+    the daemon's profile (`--profile` sets $VIDEO_SIDECAR_PROFILE, which the bench's
+    daemons read too), so that upstream_a and ffmpeg_pipe encode exactly as the sidecar
+    does."""
+    from sidecar.codec.catalogue import CodecSpec
     from sidecar.vocabulary import DEFAULT_PROFILE
 
     name = os.environ.get(PROFILE_ENV) or DEFAULT_PROFILE
-    chosen = CODECS["h264"].profiles[name]
-    options = {"preset": chosen.preset, "crf": str(chosen.crf), **chosen.extra}
+    options = CodecSpec(profile=name).resolve(video=(width, height, frames)).options
     return {"codec": "libx264", "profile": name, "options": options, "fps": 24}
 
 

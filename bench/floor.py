@@ -72,7 +72,8 @@ def x264_alone(
 ) -> tuple[float, int]:
     """(ms, output bytes) for one encode of `frames` by a codec context, opened untimed,
     threaded as the daemon threads an encode given `cores` (default: all of them)."""
-    codec = CodecSpec(profile=encode_settings()["profile"]).resolve("mp4")
+    profile = encode_settings()["profile"]
+    codec = CodecSpec(profile=profile).resolve("mp4", video=(width, height, len(frames)))
     cores = cores or len(os.sched_getaffinity(0))
     threads, thread_type = threading_for(len(frames), height, cores)
     geometry = check_geometry(width, height, "yuv420p", Fraction(24), LIMITS)

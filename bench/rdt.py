@@ -51,7 +51,7 @@ import av
 import numpy as np
 
 from client.patterns import moving_pattern
-from sidecar.codec.catalogue import CODECS
+from sidecar.codec.catalogue import CodecSpec
 from sidecar.vocabulary import PROFILES
 
 from .common import Device, Row, git_commit, machine, parse_shape, write_json
@@ -181,10 +181,10 @@ def pyav_mp4(frames: np.ndarray, options: dict[str, str], thread_type: str | Non
     return buf.getvalue()
 
 
-def profile_options(profile: str) -> dict[str, str]:
-    """The x264 options a profile gives a request that names nothing else."""
-    chosen = CODECS["h264"].profiles[profile]
-    return {"preset": chosen.preset, "crf": str(chosen.crf), **chosen.extra}
+def profile_options(profile: str, frames: np.ndarray) -> dict[str, str]:
+    """The x264 options a profile gives a request for these frames that names nothing else."""
+    t, h, w, _ = frames.shape
+    return CodecSpec(profile=profile).resolve(video=(w, h, t)).options
 
 
 def export_to_video_way() -> Way:
@@ -214,9 +214,8 @@ def emulated_way() -> Way:
 
 
 def upstream_a_way(profile: str, device: Device) -> Way:
-    options = profile_options(profile)
-
-    def run(video: Any, _: np.ndarray) -> bytes:
+    def run(video: Any, frames: np.ndarray) -> bytes:
+        options = profile_options(profile, frames)
         if device.torch is not None:  # cached pinned D2H, as upstream does
             host = device.torch.empty(video.shape, dtype=video.dtype, pin_memory=True)
             host.copy_(video, non_blocking=True)

@@ -36,7 +36,7 @@ from .common import Device, as_host, encode_settings, parse_shape
 
 def pyav_encode(frames: np.ndarray, *, borrowed: bool) -> bytes:
     """Encode (T, H, W, 3) rgb24 frames with PyAV's default threading, as upstream does."""
-    settings = encode_settings()
+    settings = encode_settings(frames.shape[2], frames.shape[1], frames.shape[0])
     buf = io.BytesIO()
     with av.open(buf, "w", format="mp4") as container:
         stream = container.add_stream(settings["codec"], rate=Fraction(settings["fps"]))
@@ -148,8 +148,8 @@ class FfmpegPipe(Variant):
 
     def run(self, video: Any, shape: str) -> bytes:
         host = self._pinned_copy(video)
-        w, h, _ = parse_shape(shape)
-        settings = encode_settings()
+        w, h, t = parse_shape(shape)
+        settings = encode_settings(w, h, t)
         options = [a for k, v in settings["options"].items() for a in (f"-{k}", v)]
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "out.mp4"

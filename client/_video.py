@@ -14,7 +14,10 @@ The client never imports torch itself: a tensor is recognised by its type's modu
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -40,6 +43,29 @@ from ._frame_list import FrameList, is_frame_sequence, is_pil_image
 log = logging.getLogger("client")
 
 CPU_BATCH_BYTES = 32 * 1024 * 1024  # float32 scratch per conversion batch on the CPU
+CONVERT_THREADS = min(8, os.cpu_count() or 1)  # threads converting a numpy video's batches
+_converters: ThreadPoolExecutor | None = None
+_converters_lock = threading.Lock()
+
+
+def converters() -> ThreadPoolExecutor | None:
+    """The threads that convert numpy batches at once (None on one core); made on first
+    use, kept for the process (a child after fork makes its own)."""
+    global _converters  # noqa: PLW0603 - one pool per process
+    if CONVERT_THREADS < 2:
+        return None
+    with _converters_lock:
+        if _converters is None:
+            _converters = ThreadPoolExecutor(CONVERT_THREADS, thread_name_prefix="convert")
+        return _converters
+
+
+def _forget_converters() -> None:
+    global _converters  # noqa: PLW0603 - the parent's threads do not exist in the child
+    _converters = None
+
+
+os.register_at_fork(after_in_child=_forget_converters)
 
 
 class VideoSource(Protocol):
@@ -150,16 +176,33 @@ class ArrayVideo:
         if identity and isinstance(self.frames_thwc, FrameList):
             self.frames_thwc.copy_frames(dst, start, start + count)  # frame by frame
             return
-        step = count if identity else self.batch_frames(CPU_BATCH_BYTES)
-        for first in range(start, start + count, step):
-            last = min(first + step, start + count)
-            out = self.conversion.apply(self.frames_thwc[first:last], self.ops)
-            part = dst[first - start : last - start]
-            out = out.reshape(part.shape)  # gray's channel axis of 1 goes: a view
-            if self.ops.torch is not None:
-                part.copy_(out)
-            else:
-                np.copyto(part, out, casting="no")
+        if identity:
+            self._convert(dst, start, start, start + count)
+            return
+        workers = converters() if self.ops.torch is None else None  # torch has its threads
+        step = self.batch_frames(CPU_BATCH_BYTES)
+        if workers is not None:  # a batch for each thread, each within the budget
+            step = max(1, min(step, -(-count // CONVERT_THREADS)))
+        batches = [
+            (first, min(first + step, start + count)) for first in range(start, start + count, step)
+        ]
+        if workers is None or len(batches) == 1:
+            for first, last in batches:
+                self._convert(dst, start, first, last)
+            return
+        # numpy lets go of the GIL in each pass: the batches convert on several cores
+        for done in [workers.submit(self._convert, dst, start, a, b) for a, b in batches]:
+            done.result()
+
+    def _convert(self, dst: Any, start: int, first: int, last: int) -> None:
+        """Frames [first, last) into their place in `dst` (which holds `start` on)."""
+        out = self.conversion.apply(self.frames_thwc[first:last], self.ops)
+        part = dst[first - start : last - start]
+        out = out.reshape(part.shape)  # gray's channel axis of 1 goes: a view
+        if self.ops.torch is not None:
+            part.copy_(out)
+        else:
+            np.copyto(part, out, casting="no")
 
     def finish(self) -> None:
         pass

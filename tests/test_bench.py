@@ -127,3 +127,39 @@ def test_the_traffic_suite_counts_failed_requests_and_keeps_going(
     assert payload["meta"]["traffic"]["log_fields"][:3] == ["worker", "client", "stage"]
     text = capsys.readouterr().out
     assert "| smooth | mixed_default_pool |" in text and "| 2 | 8 | 4 | 0 |" in text
+
+
+def test_the_rdt_suite_records_time_size_and_quality_side_by_side(tmp_path: Path) -> None:
+    """Each variant's median time beside its bytes, PSNR and SSIM, and the anchor in the
+    same run; upstream A at the sidecar's very settings (so its bytes are near its own)."""
+    from bench import rdt
+
+    out = tmp_path / "rdt.json"
+    argv = ["--shapes", "96x64x6", "--contents", "smooth", "--samples", "1", "--variants",
+            "export_emulated,sidecar_balanced,upstream_a_balanced,sidecar_fast", "--json",
+            str(out)]  # fmt: skip
+    assert rdt.main(argv) == 0
+    rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"export_emulated", "sidecar_balanced", "upstream_a_balanced",
+                         "sidecar_fast"}  # fmt: skip
+    for row in rows.values():
+        assert row["samples"] == 1 and row["extra"]["bytes"] > 0
+        assert row["extra"]["psnr_db"] > 30 and 0.9 < row["extra"]["ssim"] <= 1
+    fast, balanced = rows["sidecar_fast"]["extra"], rows["sidecar_balanced"]["extra"]
+    assert fast["bytes"] > balanced["bytes"]  # the fast profile's size cost
+    with pytest.raises(SystemExit, match="profiles"):
+        rdt.main(["--variants", "sidecar_quick"])
+
+
+def test_the_cold_suite_times_fresh_workers_against_upstream(tmp_path: Path) -> None:
+    from bench import cold
+
+    out = tmp_path / "cold.json"
+    argv = ["--workers", "1", "--idle", "0", "--waves", "2", "--shape", "64x48x2", "--json",
+            str(out)]  # fmt: skip
+    assert cold.main(argv) == 0
+    results = json.loads(out.read_text())["results"]
+    assert results["first_no_warm_up"][0]["first_ms"] > 0
+    assert results["warm_up"][0]["warm_up_ms"] > 0
+    assert len(results["burst_after_idle"]["waves_ms"]) == 2
+    assert results["upstream_burst_after_idle"]["steady_ms"] > 0
