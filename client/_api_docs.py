@@ -37,8 +37,10 @@ Args:
         root or absolute inside it; without it the bytes come back in
         `result.data`. To write anywhere else, see `export_to_video`.
     overwrite: replace an existing file at `path` (else `AlreadyExists`).
-    pixel_format: what travels. None: RGB in a CUDA tensor is converted to
-        yuv420p on the GPU, other RGB goes as rgb24. "rgb24" sends RGB as it is,
+    pixel_format: what travels. None: float RGB in a CUDA tensor is converted to
+        yuv420p on the GPU, uint8 RGB there once the fused kernel is compiled (a
+        video of 8 MiB or more has it compiled in the background; until then it goes
+        as rgb24, a plain copy), other RGB goes as rgb24. "rgb24" sends RGB as it is,
         for the daemon to convert (byte-exact with its swscale, the choice when
         outputs must match a CPU encode bit for bit); "yuv420p" or "nv12"
         convert RGB to 4:2:0 BT.709 before the copy (half the bytes, no

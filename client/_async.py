@@ -154,8 +154,9 @@ class AsyncSidecarClient(ClientApi[Coroutine[Any, Any, EncodeResult], "AsyncVide
 
     async def warm_up(self, device: Any = None) -> None:
         """Attach now and, on a GPU worker (or given a CUDA `device`), register every slab
-        and compile the GPU conversion kernel: the first request then pays none of it.
-        Attach does the CUDA part by itself once the process has started CUDA."""
+        and load the GPU conversion's kernels: the first request then pays none of it.
+        Without it, attaching does the same on a thread of its own once the process has
+        started CUDA, and the first request registers its own slab beside it."""
         await self._run(self._core.warm_up(device))
 
     async def health(self, service: str = "") -> str:

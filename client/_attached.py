@@ -22,7 +22,7 @@ from ._cuda import CudaHost, process_host
 from ._errors import DeadlineExceeded, SidecarError, SidecarUnavailable
 from ._framed import framed_path
 from ._results import attachment_from_proto
-from ._slabs import SlabMap
+from ._slabs import PROCESS_MAPS, SlabMap
 from ._spare import Spare
 from ._steps import Call, Exclusive, Steps
 from ._types import Attachment
@@ -147,8 +147,12 @@ class AttachedCore:
         self.attachment = attachment
         self.framed = framed_path(self.target, resp.framed_socket, resp.framed_version)
         self.spare.drop()  # leases belong to the old token
-        if not self.inline and cuda_in_use():  # a GPU worker: none of it in a request
+        if self.inline:
+            return attachment
+        if cuda_in_use():  # a GPU worker: registrations, kernels; none of it in a request
             self.cuda_host().warm_in_background()
+        else:  # the page tables, before later requests' copies reach them
+            PROCESS_MAPS.populate_in_background()
         return attachment
 
     def _map_slabs(self, attachment: Attachment) -> None:

@@ -35,6 +35,7 @@ from ._errors import (
 from ._leasing import CLEANUP_TIMEOUT, give_back_all, lease_over_grpc, room_within
 from ._options import VideoFormat, check_lease
 from ._results import status_from_proto
+from ._slabs import PROCESS_MAPS
 from ._steps import Call, Exchange, Steps, Work
 from ._types import Lease, Status
 from ._video import VideoSource, prepare_video
@@ -168,10 +169,15 @@ class ClientCore(AttachedCore):
         return self.cuda_host().video(view, conversion)
 
     def warm_up(self, device: Any = None) -> Steps[None]:
-        """Attach; with a CUDA device, register the slabs and compile the GPU kernel."""
+        """Attach; with a CUDA device, register the slabs and load the GPU kernels; else
+        fill in the slabs' page tables."""
         yield from self.attach()
-        if not self.inline and (device is not None or cuda_in_use()):
+        if self.inline:
+            return
+        if device is not None or cuda_in_use():
             yield Work(functools.partial(self.cuda_host().warm_up, device), long=True)
+        else:
+            yield Work(PROCESS_MAPS.populate, long=True)
 
     @property
     def cuda_registrations(self) -> int:

@@ -4,7 +4,7 @@ A slab is `cudaHostRegister`ed once per process and stays registered until the c
 unmaps it, so the per-request cost is a copy at full PCIe speed and nothing else. A GPU
 worker registers every slab on a thread of its own as it attaches (or in `warm_up()`); a
 request that needs a slab not yet registered registers it itself, waiting for at most
-one registration. No request compiles the 4:2:0 kernel either (`_yuv_kernel`).
+one registration. No request compiles the fused 4:2:0 kernel either (`_yuv_kernel`).
 Conversion (layout, range, dtype, optionally RGB to 4:2:0) runs on the GPU in batches of
 frames on a side stream that waits for the producer's stream through an event; no
 device-wide synchronize.
@@ -15,6 +15,7 @@ registrations (they are not valid in the child) and never unregisters them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -42,9 +43,10 @@ OVERLAP_BATCHES = 4  # fused 4:2:0 batches: smaller, converted while the last on
 # then overlaps the encode, and what the caller waits for is queueing the batches, some
 # 0.2 ms each (a kernel launch, events, streams): such a video takes whole batches.
 LANDING_MIN_BYTES = 32 * 1024 * 1024
-# How long `warm_up()` waits for the 4:2:0 kernel to compile: Triton's disk cache makes it
-# quick after a host's first worker; else the rest is finished in the background.
-KERNEL_WAIT_S = 0.3
+# A video of at least this many bytes (as the caller holds it) gains from the fused 4:2:0
+# kernel enough to have it compiled, in the background (`_yuv_kernel`); smaller ones
+# convert elementwise, and never make a worker import Triton.
+FUSED_MIN_BYTES = 8 * 1024 * 1024
 
 
 class CudaRuntime:
@@ -95,6 +97,7 @@ class CudaHost:
     _streams: dict[tuple[int, str], Any] = field(default_factory=dict)
     _runtime: CudaRuntime | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _slab_locks: dict[int, threading.Lock] = field(default_factory=dict)
     _warned: bool = False
     _registering: threading.Thread | None = None
 
@@ -126,35 +129,48 @@ class CudaHost:
     def ensure_registered_at(self, address: int, quiet: bool = False) -> bool:
         """Register the slab holding `address`, once. False means pageable copies.
         `quiet` (the background's): a failure is neither remembered nor warned of, so
-        that the request that needs the slab tries, and warns its caller."""
+        that the request that needs the slab tries, and warns its caller. Each slab has
+        a lock of its own: a request registers its slab beside the background, never
+        behind it."""
         self._check_fork()
+        slab = self.maps.slab_of(address)
+        if slab is None:
+            return False
+        address, size = slab
         with self._lock:
-            # Looked up under the lock: a slab being unmapped is gone from the map first.
-            slab = self.maps.slab_of(address)
-            if slab is None:
-                return False
-            address, size = slab
             if address in self._registered:
                 return True
             if address in self._failed:
                 return False
-            code = self.runtime.register(address, size)
-            if code not in (CUDA_SUCCESS, ALREADY_REGISTERED) and quiet:
-                self.runtime.clear_error()
+            own = self._slab_locks.setdefault(address, threading.Lock())
+        with own:
+            # Looked up again under its lock: a slab being unmapped is gone from the map
+            # before its unregistration takes this lock.
+            if self.maps.slab_of(address) is None:
                 return False
-            if code == ALREADY_REGISTERED:
-                # Someone else in this process registered it; use it, never unregister it.
-                self.runtime.clear_error()
-                self._registered[address] = (size, False)
-                return True
-            if code != CUDA_SUCCESS:
-                self.runtime.clear_error()
+            with self._lock:
+                if address in self._registered:
+                    return True
+            code = self.runtime.register(address, size)
+            with self._lock:
+                return self._registered_as(address, size, code, quiet)
+
+    def _registered_as(self, address: int, size: int, code: int, quiet: bool) -> bool:
+        """What cudaHostRegister's `code` makes of the slab at `address` (under the lock)."""
+        if code == ALREADY_REGISTERED:
+            # Someone else in this process registered it; use it, never unregister it.
+            self.runtime.clear_error()
+            self._registered[address] = (size, False)
+            return True
+        if code != CUDA_SUCCESS:
+            self.runtime.clear_error()
+            if not quiet:
                 self._failed.add(address)
                 self._warn(f"cudaHostRegister failed with error {code}")
-                return False
-            self._registered[address] = (size, True)
-            self.registrations += 1
-            return True
+            return False
+        self._registered[address] = (size, True)
+        self.registrations += 1
+        return True
 
     def register_all(self, quiet: bool = False) -> None:
         """Register every slab mapped in this process that is not yet (some 50 ms a GiB);
@@ -165,23 +181,32 @@ class CudaHost:
                 return
 
     def warm_in_background(self, device: Any = None) -> None:
-        """What a first request would otherwise pay, on threads of their own: every slab
-        registered, the 4:2:0 kernel compiled (`_yuv_kernel`). A request meanwhile
-        registers the slab it needs itself (waiting for at most one registration) and
-        converts without the kernel until it is ready."""
+        """What a first request would otherwise pay, on a thread of its own: every slab
+        registered, and the elementwise conversion's GPU kernels loaded (CUDA loads each
+        on its first launch). A request meanwhile registers the slab it needs itself.
+        The fused 4:2:0 kernel is not compiled here: importing Triton holds the GIL for
+        half a second, which the first requests would feel; `_yuv_kernel` compiles it
+        once a video large enough to gain from it comes."""
         self._check_fork()
         if self._registering is None or not self._registering.is_alive():
             self._registering = threading.Thread(
-                target=self.register_all, args=(True,), name="video-sidecar-register", daemon=True
+                target=self._warm, args=(device, True), name="video-sidecar-warm", daemon=True
             )
             self._registering.start()
-        if _yuv_kernel.available():
-            _yuv_kernel.warm(_yuv_kernel.USUAL, device or _current_device())
+
+    def _warm(self, device: Any, quiet: bool) -> None:
+        self.register_all(quiet)
+        with contextlib.suppress(Exception):  # an optimisation: a request would load them
+            warm_elementwise(device)
 
     def unregister(self, address: int) -> bool:
         """Called before a slab is unmapped. False: keep the mapping (still registered)."""
         self._check_fork()
         with self._lock:
+            own = self._slab_locks.pop(address, None) or threading.Lock()
+        with own, self._lock:  # a registration of it under way finishes first
+            # A failure was this mapping's: another may come to the same address later.
+            self._failed.discard(address)
             entry = self._registered.get(address)
             if entry is None:
                 return True
@@ -220,13 +245,9 @@ class CudaHost:
     def video(self, view: Any, conversion: Conversion) -> CudaVideo:
         return CudaVideo(view, conversion, self)
 
-    def warm_up(self, device: Any = None, wait: float = KERNEL_WAIT_S) -> None:
-        """`warm_up()`'s GPU part: every slab registered now; the 4:2:0 kernel compiled,
-        waiting up to `wait` seconds for it (it is finished in the background, and
-        requests convert without it until then)."""
-        self.register_all()
-        if _yuv_kernel.available():
-            _yuv_kernel.warm(_yuv_kernel.USUAL, device or _current_device(), wait)
+    def warm_up(self, device: Any = None) -> None:
+        """`warm_up()`'s GPU part, now: what `warm_in_background` does."""
+        self._warm(device, quiet=False)
 
 
 _HOST: CudaHost | None = None
@@ -242,6 +263,32 @@ def process_host() -> CudaHost:
             _HOST = CudaHost(PROCESS_MAPS)
             PROCESS_MAPS.before_unmap = _HOST.unregister
         return _HOST
+
+
+def source_bytes(frames: Any) -> int:
+    """The bytes of a (T, H, W, C) video as its caller holds it (a list's too)."""
+    return int(np.prod(frames.shape)) * int(getattr(frames.dtype, "itemsize", 1))
+
+
+def warm_elementwise(device: Any = None) -> None:
+    """Launch the elementwise conversion once for each dtype a worker sends, to 4:2:0 and
+    to RGB, from frames laid out as a VAE's and as an image's, on tiny frames: CUDA loads
+    each kernel on its first launch (a few milliseconds each), here rather than in a
+    request."""
+    import torch
+
+    device = torch.device(device) if device is not None else _current_device()
+    ops = Ops(torch)
+    stream = torch.cuda.Stream(device=device)
+    with torch.cuda.device(device), torch.cuda.stream(stream):
+        for dtype in (torch.uint8, torch.bfloat16, torch.float16, torch.float32):
+            integer = dtype == torch.uint8
+            scale, offset = (1.0, 0.0) if integer else (127.5, 127.5)
+            cthw = torch.zeros((3, 2, 4, 8), dtype=dtype, device=device)
+            for frames in (cthw.permute(1, 2, 3, 0), cthw.permute(1, 2, 3, 0).contiguous()):
+                for fmt in ("yuv420p", "nv12", "rgb24"):
+                    Conversion(fmt, scale, offset, integer).apply(frames, ops)
+    stream.synchronize()
 
 
 def _current_device() -> Any:
@@ -274,10 +321,12 @@ class CudaVideo:
         # only for a video that may be sent while it lands (an event costs each batch).
         self._marks: list[tuple[Any, int]] = []
         self._marked = self.frames * self.frame_bytes >= LANDING_MIN_BYTES
-        # 4:2:0 in one kernel where it is compiled (`_yuv_kernel`); it needs no float
-        # scratch. A batch the kernel is not ready for takes the elementwise path.
+        # 4:2:0 in one kernel where it is compiled (`_yuv_kernel`; asked for by a video
+        # large enough to gain from it); it needs no float scratch. A batch the kernel is
+        # not ready for takes the elementwise path.
         nv12 = conversion.pixel_format == "nv12"
-        self._fused = conversion.yuv and _yuv_kernel.ready(frames_thwc, nv12)
+        worth = source_bytes(frames_thwc) >= FUSED_MIN_BYTES
+        self._fused = conversion.yuv and _yuv_kernel.ready(frames_thwc, nv12, compile=worth)
         scratch = self.frame_bytes if self._fused else self.height * self.width * channels * 4
         self._batch = max(1, GPU_BATCH_BYTES // scratch)
         if self._fused and not self._marked:
@@ -332,7 +381,7 @@ class CudaVideo:
         """Wire frames for `batch`, on the GPU (the caller's own frames when they are)."""
         conversion = self.conversion
         nv12 = conversion.pixel_format == "nv12"
-        if not (self._fused and _yuv_kernel.ready(batch, nv12)):
+        if not (self._fused and _yuv_kernel.ready(batch, nv12, compile=True)):
             return conversion.apply(batch, self._ops)
         out = self._torch.empty((len(batch), *shape), dtype=self._torch.uint8, device=self.device)
         scale, shift = (1.0, 0.0) if conversion.integer else (conversion.scale, conversion.offset)

@@ -5,15 +5,19 @@ register the segment with Python's resource tracker, which unlinks it when this 
 exits and so would destroy the daemon's pool.
 
 A process maps each slab once, whatever number of clients it runs (`PROCESS_MAPS`): eight
-fresh clients of one worker attach without mapping and pre-faulting the pool eight times,
-and a CUDA worker registers each slab once (`_cuda`). A client's `SlabMap` holds the
-slabs of the daemon instance it attached to; the mapping goes when its last client lets
-go of it.
+fresh clients of one worker attach without mapping the pool eight times, and a CUDA
+worker registers each slab once (`_cuda`). A client's `SlabMap` holds the slabs of the
+daemon instance it attached to; the mapping goes when its last client lets go of it.
+
+Attaching maps the slabs without touching their pages (a GiB of page tables takes some
+45 ms to fill): the pages are filled in on a thread of its own (`populate`), before the
+copies of later requests reach them; a first request's copy fills in the few it touches.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import mmap
 import os
 import threading
@@ -23,6 +27,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._errors import SidecarUnavailable
+
+# madvise(2) advice that fills in a range's page tables, writable (Linux 5.14).
+MADV_POPULATE_WRITE = 23
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+
+
+def _madvise(address: int, size: int, advice: int) -> bool:
+    """madvise(2) through ctypes, which lets go of the GIL while the kernel works (the
+    mmap module's holds it); False where the kernel refused."""
+    return bool(_LIBC.madvise(address, size, advice) == 0)
 
 
 @dataclass(frozen=True)
@@ -91,6 +106,18 @@ class ProcessMaps:
         with contextlib.suppress(BufferError):  # a live view still borrows it: the GC will
             mapping.map.close()
 
+    def populate(self) -> None:
+        """Fill in the page tables of every slab mapped here, off the requests' path (on
+        a thread of its own, through libc: the call lets go of the GIL); where the kernel
+        cannot (before Linux 5.14), the copies fill them in as they go."""
+        for address in self.addresses():
+            slab = self.slab_of(address)
+            if slab is not None and not _madvise(*slab, MADV_POPULATE_WRITE):
+                return
+
+    def populate_in_background(self) -> None:
+        threading.Thread(target=self.populate, name="video-sidecar-populate", daemon=True).start()
+
     def addresses(self) -> list[int]:
         """The base address of every slab mapped in this process (from any thread)."""
         return [int(m.array.ctypes.data) for m in list(self._maps.values())]
@@ -117,9 +144,7 @@ def _map(path: str, size: int) -> _Mapping:
         found = os.fstat(fd).st_size
         if found != size:
             raise SidecarUnavailable(f"slab {path} is {found} bytes, expected {size}")
-        # Populate the page tables now, not on the first copy of every request.
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-        mapped = mmap.mmap(fd, size, flags=flags)
+        mapped = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)  # pages: `populate`
     finally:
         os.close(fd)
     return _Mapping(mapped, np.frombuffer(mapped, dtype=np.uint8))

@@ -240,9 +240,7 @@ def prepare_video(
     view, torch, dtype = found
     device = view.device.type if torch is not None else "cpu"
     if pixel_format is None and device == "cuda" and view.shape[3] == 3:
-        # RGB on a GPU is converted there (one fused kernel), off the daemon's request
-        # path; "rgb24" keeps the daemon's byte-exact conversion as a choice.
-        pixel_format = "yuv420p"
+        pixel_format = gpu_wire_format(view, dtype)
     conversion = _conversion(view, pixel_format, value_range, integer=dtype == "uint8")
     if device not in ("cpu", "cuda"):
         raise InvalidVideo(f"tensor on {view.device}: only CPU and CUDA tensors are supported")
@@ -253,6 +251,20 @@ def prepare_video(
     if device == "cuda":
         return cuda(view, conversion)  # type: ignore[no-any-return]
     return ArrayVideo(view, conversion, Ops(torch))
+
+
+def gpu_wire_format(view: Any, dtype: str) -> str:
+    """What RGB on a GPU travels as, unless the caller says: floats as 4:2:0, converted
+    there (they must be converted anyway, and 4:2:0 is half the bytes); uint8 as 4:2:0
+    once the fused kernel is ready for it (one pass over the frames, off the daemon's
+    path), until then as rgb24, a plain copy that launches no kernel, for the daemon to
+    convert. A video large enough to gain from the kernel asks for it (`_cuda`)."""
+    if dtype != "uint8":
+        return "yuv420p"
+    from . import _cuda, _yuv_kernel
+
+    worth = _cuda.source_bytes(view) >= _cuda.FUSED_MIN_BYTES
+    return "yuv420p" if _yuv_kernel.ready(view, False, compile=worth) else "rgb24"
 
 
 def video_geometry(video: Any, layout: str | None = None) -> tuple[int, int, int]:

@@ -1,12 +1,13 @@
 """When the fused 4:2:0 kernel (`_yuv_triton`) serves a request: only once it is compiled.
 
 Importing Triton and compiling a kernel takes a second or more in a fresh process (less
-once Triton's disk cache holds it, never nothing), which a request must not pay. So the
-kernel is made ready on a thread of its own, started when a GPU worker attaches (or by
-`warm_up`), and a batch of frames takes the fused kernel only if the kernel for its
+once Triton's disk cache holds it, never nothing), which a request must not pay; and the
+import holds the GIL for some half a second, which requests running beside it feel. So
+the kernel is compiled on a thread of its own, asked for by the first video large enough
+to gain from it (`_cuda.FUSED_MIN_BYTES`: a worker sending only short clips never imports
+Triton), and a batch of frames takes the fused kernel only if the kernel for its
 specialisation (`Key`) is compiled; until then the elementwise path converts it, to the
-same bytes within rounding. A batch whose key was not foreseen (an unaligned view, NV12)
-has its kernel compiled in the background by the same thread, for the next request.
+same bytes within rounding.
 
 Triton is optional: without it (or where it fails to compile, said once on the log) the
 elementwise path serves everything.
@@ -98,15 +99,16 @@ def key_of(frames: Any, nv12: bool) -> Key:
     return dtype, pointer % 16 == 0, nv12
 
 
-def ready(frames: Any, nv12: bool) -> bool:
+def ready(frames: Any, nv12: bool, compile: bool = True) -> bool:
     """Whether the fused kernel may convert `frames` now; if not yet compiled for them,
-    it is compiled in the background, for later batches."""
+    it is compiled in the background for later batches, where `compile` says so."""
     if not available():
         return False
     key = key_of(frames, nv12)
     if key in _KERNEL.ready:
         return True
-    warm((key,), frames.device)
+    if compile:
+        warm((key,), frames.device)
     return False
 
 
