@@ -16,6 +16,7 @@ registrations (they are not valid in the child) and never unregisters them.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import threading
@@ -50,21 +51,19 @@ FUSED_MIN_BYTES = 8 * 1024 * 1024
 
 
 class CudaRuntime:
-    """cudaHostRegister and friends: torch's binding of the CUDA runtime (torch is already
-    loaded once a CUDA tensor comes), else cuda-python's."""
+    """cudaHostRegister and friends, called through ctypes on the CUDA runtime library
+    torch has loaded: a ctypes call lets go of the GIL, so registering a slab (milliseconds
+    of pinning pages) on a thread of its own does not hold up the requests beside it, and
+    loading it costs no import. Where that library cannot be found, torch's binding (which
+    holds the GIL) serves."""
 
     def __init__(self) -> None:
-        self._rt: Any
-        try:
+        self._lib = _loaded_cudart()
+        self._rt: Any = None
+        if self._lib is None:
             import torch
 
             self._rt = torch.cuda.cudart()
-        except (ImportError, AttributeError, RuntimeError):
-            try:
-                from cuda.bindings import runtime as rt
-            except ImportError:
-                from cuda import cudart as rt  # older cuda-python
-            self._rt = rt
 
     @staticmethod
     def _code(result: Any) -> int:
@@ -72,16 +71,41 @@ class CudaRuntime:
         return int(getattr(value, "value", value))
 
     def register(self, address: int, size: int) -> int:
+        if self._lib is not None:
+            return int(self._lib.cudaHostRegister(address, size, REGISTER_PORTABLE))
         return self._code(self._rt.cudaHostRegister(address, size, REGISTER_PORTABLE))
 
     def unregister(self, address: int) -> int:
+        if self._lib is not None:
+            return int(self._lib.cudaHostUnregister(address))
         return self._code(self._rt.cudaHostUnregister(address))
 
     def clear_error(self) -> None:
         """A failed call leaves a sticky 'last error' that later kernel checks would see."""
+        if self._lib is not None:
+            self._lib.cudaGetLastError()
+            return
         get_last = getattr(self._rt, "cudaGetLastError", None)
         if get_last is not None:
             get_last()
+
+
+def _loaded_cudart() -> ctypes.CDLL | None:
+    """The CUDA runtime library this process has loaded (torch's), found in its memory
+    map, with the three functions typed; None where there is none to find."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "/libcudart.so" in line}
+        lib = ctypes.CDLL(sorted(paths)[0]) if paths else None
+    except (OSError, IndexError):
+        return None
+    if lib is None:
+        return None
+    lib.cudaHostRegister.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint)
+    lib.cudaHostUnregister.argtypes = (ctypes.c_void_p,)
+    lib.cudaHostRegister.restype = lib.cudaHostUnregister.restype = ctypes.c_int
+    lib.cudaGetLastError.restype = ctypes.c_int
+    return lib
 
 
 @dataclass
@@ -271,23 +295,25 @@ def source_bytes(frames: Any) -> int:
 
 
 def warm_elementwise(device: Any = None) -> None:
-    """Launch the elementwise conversion once for each dtype a worker sends, to 4:2:0 and
-    to RGB, from frames laid out as a VAE's and as an image's, on tiny frames: CUDA loads
-    each kernel on its first launch (a few milliseconds each), here rather than in a
-    request."""
+    """Launch the elementwise conversion once for each dtype a worker sends, as it sends
+    it, on tiny frames: CUDA loads each kernel on its first launch (a few milliseconds
+    each), here rather than in a request."""
     import torch
 
     device = torch.device(device) if device is not None else _current_device()
     ops = Ops(torch)
     stream = torch.cuda.Stream(device=device)
     with torch.cuda.device(device), torch.cuda.stream(stream):
-        for dtype in (torch.uint8, torch.bfloat16, torch.float16, torch.float32):
+        # A VAE's floats as it lays them out (C, T, H, W), and a large uint8 video (the
+        # only uint8 that is converted before the kernel is ready), to 4:2:0.
+        for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.uint8):
             integer = dtype == torch.uint8
             scale, offset = (1.0, 0.0) if integer else (127.5, 127.5)
             cthw = torch.zeros((3, 2, 4, 8), dtype=dtype, device=device)
-            for frames in (cthw.permute(1, 2, 3, 0), cthw.permute(1, 2, 3, 0).contiguous()):
-                for fmt in ("yuv420p", "nv12", "rgb24"):
-                    Conversion(fmt, scale, offset, integer).apply(frames, ops)
+            frames = cthw.permute(1, 2, 3, 0)
+            Conversion("yuv420p", scale, offset, integer).apply(
+                frames.contiguous() if integer else frames, ops
+            )
     stream.synchronize()
 
 

@@ -256,15 +256,16 @@ def prepare_video(
 def gpu_wire_format(view: Any, dtype: str) -> str:
     """What RGB on a GPU travels as, unless the caller says: floats as 4:2:0, converted
     there (they must be converted anyway, and 4:2:0 is half the bytes); uint8 as 4:2:0
-    once the fused kernel is ready for it (one pass over the frames, off the daemon's
-    path), until then as rgb24, a plain copy that launches no kernel, for the daemon to
-    convert. A video large enough to gain from the kernel asks for it (`_cuda`)."""
+    when the fused kernel is ready for it (one pass over the frames, off the daemon's
+    path) or the video is large enough to gain from converting it on the GPU anyway (it
+    then asks for the kernel, `_cuda`); else as rgb24, a plain copy that launches no
+    kernel, for the daemon to convert."""
     if dtype != "uint8":
         return "yuv420p"
     from . import _cuda, _yuv_kernel
 
     worth = _cuda.source_bytes(view) >= _cuda.FUSED_MIN_BYTES
-    return "yuv420p" if _yuv_kernel.ready(view, False, compile=worth) else "rgb24"
+    return "yuv420p" if _yuv_kernel.ready(view, False, compile=worth) or worth else "rgb24"
 
 
 def video_geometry(video: Any, layout: str | None = None) -> tuple[int, int, int]:

@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import threading
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -17,10 +18,25 @@ from client import SidecarClient
 from client._convert import Conversion, Ops
 from client.patterns import moving_pattern
 
+from .conftest import new_prefix
 from .helpers import Daemon, decode, psnr
 
 pytestmark = pytest.mark.cuda
 torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[Daemon]:
+    """The module's daemon at the fast profile (x264 ultrafast: no B-frames, so the same
+    frames make the same bytes whatever the threads): these tests compare the transport
+    byte for byte, not the encoder's settings."""
+    d = Daemon(new_prefix(), profile="fast").start()
+    yield d
+    try:
+        assert d.stop() == 0, d.log()
+        assert d.segments() == []
+    finally:
+        d.cleanup()
 
 
 @pytest.fixture(scope="module")
@@ -246,9 +262,12 @@ def test_a_long_video_is_sent_while_its_frames_land(  # type: ignore[no-untyped-
     """A video of some 50-100 MB on the GPU, as RGB or converted to 4:2:0 there: the
     request goes out with its frames still landing, counted in the last lease, and the
     output is byte for byte the one of the same video sent once every frame had landed."""
-    from client import _encode
+    from client import _encode, _yuv_kernel
 
-    d = make_daemon(slabs=8, slab_size="16MiB")  # several leases: the whole video at once
+    if _yuv_kernel.available():  # one conversion for both encodes: the kernel, compiled
+        assert _yuv_kernel.warm(_yuv_kernel.USUAL, "cuda", wait=120)
+    # Several leases: the whole video at once; ultrafast: the same frames, the same bytes.
+    d = make_daemon(slabs=8, slab_size="16MiB", profile="fast")
 
     offsets: list[int] = []
     count_in = _encode.FramesLanding.count_in
@@ -356,6 +375,6 @@ def test_requests_never_wait_for_the_kernel_to_compile(
         assert _yuv_kernel.warm(_yuv_kernel.USUAL, "cuda", wait=120)
         after = c.encode(gpu, threads=1)
         assert fused  # the kernel, now that it is ready
-    first, _ = decode(before.data or b"")
-    second, _ = decode(after.data or b"")
-    assert psnr(first, second) >= 45  # the same conversion, within rounding
+    first, _ = decode(before.data or b"")  # rgb24 (no kernel yet), converted in the daemon
+    second, _ = decode(after.data or b"")  # 4:2:0 from the kernel
+    assert psnr(first, rgb) >= 40 and psnr(second, rgb) >= 40
