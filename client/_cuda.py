@@ -16,7 +16,6 @@ registrations (they are not valid in the child) and never unregisters them.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import threading
@@ -29,83 +28,24 @@ import numpy as np
 
 from . import _yuv_kernel
 from ._convert import Conversion, Ops
+from ._cuda_runtime import (
+    ALREADY_REGISTERED,
+    CUDA_SUCCESS,
+    CudaRuntime,
+    warm_elementwise,
+)
 from ._frame_list import FrameList
 from ._slabs import PROCESS_MAPS, ProcessMaps
 from ._video import frame_bytes, frame_shape
 
 log = logging.getLogger(__name__)
 
-CUDA_SUCCESS = 0
-ALREADY_REGISTERED = 712  # cudaErrorHostMemoryAlreadyRegistered
-REGISTER_PORTABLE = 1  # cudaHostRegisterPortable: visible to every context
 GPU_BATCH_BYTES = 64 * 1024 * 1024  # scratch per conversion batch on the GPU
 OVERLAP_BATCHES = 4  # fused 4:2:0 batches: smaller, converted while the last one copies
 # A video this large is sent while its frames land (`_encode.FramesLanding`): the copy
 # then overlaps the encode, and what the caller waits for is queueing the batches, some
 # 0.2 ms each (a kernel launch, events, streams): such a video takes whole batches.
 LANDING_MIN_BYTES = 32 * 1024 * 1024
-# A video of at least this many bytes (as the caller holds it) gains from the fused 4:2:0
-# kernel enough to have it compiled, in the background (`_yuv_kernel`); smaller ones
-# convert elementwise, and never make a worker import Triton.
-FUSED_MIN_BYTES = 8 * 1024 * 1024
-
-
-class CudaRuntime:
-    """cudaHostRegister and friends, called through ctypes on the CUDA runtime library
-    torch has loaded: a ctypes call lets go of the GIL, so registering a slab (milliseconds
-    of pinning pages) on a thread of its own does not hold up the requests beside it, and
-    loading it costs no import. Where that library cannot be found, torch's binding (which
-    holds the GIL) serves."""
-
-    def __init__(self) -> None:
-        self._lib = _loaded_cudart()
-        self._rt: Any = None
-        if self._lib is None:
-            import torch
-
-            self._rt = torch.cuda.cudart()
-
-    @staticmethod
-    def _code(result: Any) -> int:
-        value: Any = result[0] if isinstance(result, tuple) else result
-        return int(getattr(value, "value", value))
-
-    def register(self, address: int, size: int) -> int:
-        if self._lib is not None:
-            return int(self._lib.cudaHostRegister(address, size, REGISTER_PORTABLE))
-        return self._code(self._rt.cudaHostRegister(address, size, REGISTER_PORTABLE))
-
-    def unregister(self, address: int) -> int:
-        if self._lib is not None:
-            return int(self._lib.cudaHostUnregister(address))
-        return self._code(self._rt.cudaHostUnregister(address))
-
-    def clear_error(self) -> None:
-        """A failed call leaves a sticky 'last error' that later kernel checks would see."""
-        if self._lib is not None:
-            self._lib.cudaGetLastError()
-            return
-        get_last = getattr(self._rt, "cudaGetLastError", None)
-        if get_last is not None:
-            get_last()
-
-
-def _loaded_cudart() -> ctypes.CDLL | None:
-    """The CUDA runtime library this process has loaded (torch's), found in its memory
-    map, with the three functions typed; None where there is none to find."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "/libcudart.so" in line}
-        lib = ctypes.CDLL(sorted(paths)[0]) if paths else None
-    except (OSError, IndexError):
-        return None
-    if lib is None:
-        return None
-    lib.cudaHostRegister.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint)
-    lib.cudaHostUnregister.argtypes = (ctypes.c_void_p,)
-    lib.cudaHostRegister.restype = lib.cudaHostUnregister.restype = ctypes.c_int
-    lib.cudaGetLastError.restype = ctypes.c_int
-    return lib
 
 
 @dataclass
@@ -289,40 +229,6 @@ def process_host() -> CudaHost:
         return _HOST
 
 
-def source_bytes(frames: Any) -> int:
-    """The bytes of a (T, H, W, C) video as its caller holds it (a list's too)."""
-    return int(np.prod(frames.shape)) * int(getattr(frames.dtype, "itemsize", 1))
-
-
-def warm_elementwise(device: Any = None) -> None:
-    """Launch the elementwise conversion once for each dtype a worker sends, as it sends
-    it, on tiny frames: CUDA loads each kernel on its first launch (a few milliseconds
-    each), here rather than in a request."""
-    import torch
-
-    device = torch.device(device) if device is not None else _current_device()
-    ops = Ops(torch)
-    stream = torch.cuda.Stream(device=device)
-    with torch.cuda.device(device), torch.cuda.stream(stream):
-        # A VAE's floats as it lays them out (C, T, H, W), and a large uint8 video (the
-        # only uint8 that is converted before the kernel is ready), to 4:2:0.
-        for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.uint8):
-            integer = dtype == torch.uint8
-            scale, offset = (1.0, 0.0) if integer else (127.5, 127.5)
-            cthw = torch.zeros((3, 2, 4, 8), dtype=dtype, device=device)
-            frames = cthw.permute(1, 2, 3, 0)
-            Conversion("yuv420p", scale, offset, integer).apply(
-                frames.contiguous() if integer else frames, ops
-            )
-    stream.synchronize()
-
-
-def _current_device() -> Any:
-    import torch
-
-    return torch.device("cuda", torch.cuda.current_device())
-
-
 class CudaVideo:
     """A CUDA tensor's frames (a (T, H, W, C) view), copied into leases from the GPU."""
 
@@ -351,7 +257,7 @@ class CudaVideo:
         # large enough to gain from it); it needs no float scratch. A batch the kernel is
         # not ready for takes the elementwise path.
         nv12 = conversion.pixel_format == "nv12"
-        worth = source_bytes(frames_thwc) >= FUSED_MIN_BYTES
+        worth = _yuv_kernel.source_bytes(frames_thwc) >= _yuv_kernel.FUSED_MIN_BYTES
         self._fused = conversion.yuv and _yuv_kernel.ready(frames_thwc, nv12, compile=worth)
         scratch = self.frame_bytes if self._fused else self.height * self.width * channels * 4
         self._batch = max(1, GPU_BATCH_BYTES // scratch)

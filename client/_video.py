@@ -25,6 +25,7 @@ import numpy as np
 
 from sidecar.vocabulary import PIXEL_FORMATS
 
+from . import _yuv_kernel
 from ._convert import (
     FLOAT_DTYPES,
     Conversion,
@@ -262,9 +263,7 @@ def gpu_wire_format(view: Any, dtype: str) -> str:
     kernel, for the daemon to convert."""
     if dtype != "uint8":
         return "yuv420p"
-    from . import _cuda, _yuv_kernel
-
-    worth = _cuda.source_bytes(view) >= _cuda.FUSED_MIN_BYTES
+    worth = _yuv_kernel.source_bytes(view) >= _yuv_kernel.FUSED_MIN_BYTES
     return "yuv420p" if _yuv_kernel.ready(view, False, compile=worth) or worth else "rgb24"
 
 

@@ -4,7 +4,7 @@ Importing Triton and compiling a kernel takes a second or more in a fresh proces
 once Triton's disk cache holds it, never nothing), which a request must not pay; and the
 import holds the GIL for some half a second, which requests running beside it feel. So
 the kernel is compiled on a thread of its own, asked for by the first video large enough
-to gain from it (`_cuda.FUSED_MIN_BYTES`: a worker sending only short clips never imports
+to gain from it (`FUSED_MIN_BYTES`: a worker sending only short clips never imports
 Triton), and a batch of frames takes the fused kernel only if the kernel for its
 specialisation (`Key`) is compiled; until then the elementwise path converts it, to the
 same bytes within rounding.
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import math
 import queue
 import threading
 from typing import Any
@@ -24,6 +25,10 @@ from typing import Any
 log = logging.getLogger("client")
 
 Key = tuple[str, bool, bool]  # (dtype, source 16-byte aligned, NV12)
+# A video of at least this many bytes (as the caller holds it) gains from the fused kernel
+# enough to have it compiled; smaller ones convert elementwise, and never make a worker
+# import Triton.
+FUSED_MIN_BYTES = 8 * 1024 * 1024
 DTYPES = ("uint8", "bfloat16", "float16", "float32")  # what frames and VAEs hand over
 # What a worker sends: each dtype, from an aligned tensor or from a view into one.
 USUAL: tuple[Key, ...] = tuple((d, aligned, False) for d in DTYPES for aligned in (True, False))
@@ -90,6 +95,11 @@ _KERNEL = _Kernel()
 def available() -> bool:
     """Whether Triton is installed (found, not imported: importing it is what is slow)."""
     return _KERNEL.available()
+
+
+def source_bytes(frames: Any) -> int:
+    """The bytes of a (T, H, W, C) video as its caller holds it (a list's too)."""
+    return int(math.prod(frames.shape)) * int(getattr(frames.dtype, "itemsize", 1))
 
 
 def key_of(frames: Any, nv12: bool) -> Key:
