@@ -12,7 +12,7 @@ from typing import Any
 
 from client import SidecarClient
 from sidecar.config_values import ENV_PREFIX, default_encoder_processes
-from sidecar.pipeline.processes import KEEP
+from sidecar.pipeline.processes.pool import KEEP
 from sidecar.tools.launcher import DaemonProcess
 
 MiB = 1024 * 1024

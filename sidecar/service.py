@@ -25,17 +25,17 @@ from .errors import (
     ShuttingDown,
     SidecarError,
 )
-from .pipeline.activity import Activity
-from .pipeline.encodes import Encodes
-from .pipeline.handback import OutputHandBack
-from .pipeline.intake import StreamIntake
-from .pipeline.output import prepare_root
-from .pipeline.planner import Accepted, Planner
-from .pipeline.processes import EncoderProcesses
-from .pipeline.requests import EncodeSpec, Event, StreamMessage
-from .pipeline.scheduler import Scheduler
+from .pipeline.admission.activity import Activity
+from .pipeline.admission.intake import StreamIntake
+from .pipeline.admission.planner import Accepted, Planner
+from .pipeline.admission.requests import EncodeSpec, Event, StreamMessage
+from .pipeline.encoding.encodes import Encodes
+from .pipeline.encoding.scheduler import Scheduler
+from .pipeline.encoding.warm import WarmPool, first_encode
+from .pipeline.output.files import prepare_root
+from .pipeline.output.handback import OutputHandBack
+from .pipeline.processes.pool import EncoderProcesses
 from .pipeline.status import RELEASE_ALREADY_FREED, Attachment, Stats, StatusReport
-from .pipeline.warm import WarmPool, first_encode
 from .pool.clients import Clients
 from .pool.lease_queue import MAX_REGIONS, LeaseQueue
 from .pool.leases import Lease, LeaseAlreadyFreed, LeaseTable, check_tag

@@ -124,7 +124,7 @@ def test_a_whole_video_sent_as_a_stream_shows_the_frames_a_request_would(
     """Its header names the middle frame by index, and `tiles` as the interval between
     them, which the daemon's stream plan turns back into the same frames."""
     from sidecar.codec.frames import Geometry
-    from sidecar.pipeline.previews import plan_previews
+    from sidecar.pipeline.previews.planning import plan_previews
 
     geometry = Geometry(64, 64, PIXEL_FORMATS["rgb24"], Fraction(*fps))
     asked = previews_proto(True, SpriteSheet(tiles=tiles))
@@ -394,7 +394,7 @@ def test_the_command_line_refuses_previews_in_its_own_words(daemon: Daemon, tmp_
 
 def test_the_command_line_names_its_files_as_the_daemon_does() -> None:
     from sidecar.codec.images import IMAGE_FORMATS
-    from sidecar.pipeline.previews import FILE_INFIX
+    from sidecar.pipeline.previews.planning import FILE_INFIX
     from sidecar.tools import preview_args
 
     assert FILE_INFIX == preview_args.FILE_INFIX

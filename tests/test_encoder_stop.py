@@ -31,8 +31,8 @@ from sidecar.codec.encoder import VideoEncoder
 from sidecar.codec.frames import Limits, check_geometry
 from sidecar.config import Config
 from sidecar.errors import Cancelled, InvalidRequest
-from sidecar.pipeline.encoder_process import STOP_GRACE_S
-from sidecar.pipeline.segments import SegmentCoder
+from sidecar.pipeline.encoding.segments import SegmentCoder
+from sidecar.pipeline.processes.handle import STOP_GRACE_S
 from tests.helpers import Daemon, decode, psnr
 
 FRAMES, HEIGHT, WIDTH = 200, 144, 256
@@ -205,7 +205,7 @@ def encoder_pids(daemon: Daemon) -> list[int]:
             continue
         with contextlib.suppress(OSError):
             argv = (entry / "cmdline").read_bytes().split(b"\0")
-            if b"sidecar.pipeline.process_main" in argv and any(
+            if b"sidecar.pipeline.processes.main" in argv and any(
                 daemon.prefix.encode() in a for a in argv
             ):
                 pids.append(int(entry.name))

@@ -7,7 +7,9 @@ from typing import Any, cast
 
 import pytest
 
-from sidecar.pipeline.handback import (
+from sidecar.pipeline.admission.plans import EncodeOutcome
+from sidecar.pipeline.admission.requests import EncodeSpec, OneReply, VideoRequest
+from sidecar.pipeline.output.handback import (
     CHUNK_SIZE,
     InChunks,
     InLease,
@@ -15,8 +17,6 @@ from sidecar.pipeline.handback import (
     OutputHandBack,
     TooLarge,
 )
-from sidecar.pipeline.plans import EncodeOutcome
-from sidecar.pipeline.requests import EncodeSpec, OneReply, VideoRequest
 
 MIB = 1024 * 1024
 GRPC = OneReply(7 * MIB)
@@ -80,6 +80,6 @@ def test_the_request_layer_imports_no_av() -> None:
     import subprocess
     import sys
 
-    code = "import sys, sidecar.pipeline.requests; print('av' in sys.modules)"
+    code = "import sys, sidecar.pipeline.admission.requests; print('av' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.errors import InvalidRequest, OutputExists
-from sidecar.pipeline.output import FileTarget
+from sidecar.pipeline.output.files import FileTarget
 
 
 @pytest.mark.parametrize(
@@ -120,7 +120,7 @@ def test_a_directory_in_the_way_is_said_before_the_name(tmp_path: Path) -> None:
 def test_the_container_an_output_is_written_in(
     path: str | None, container: str, written: str
 ) -> None:
-    from sidecar.pipeline.output import output_container
-    from sidecar.pipeline.requests import OutputRequest
+    from sidecar.pipeline.admission.requests import OutputRequest
+    from sidecar.pipeline.output.files import output_container
 
     assert output_container(OutputRequest(path=path, container=container)) == written

@@ -18,14 +18,14 @@ from client._video import prepare_video
 from client.patterns import moving_pattern
 from sidecar.codec.frames import PIXEL_FORMATS, Geometry
 from sidecar.errors import InvalidRequest, OutOfRange
-from sidecar.pipeline.preview_taker import PreviewTaker
-from sidecar.pipeline.previews import fit, plan_previews
-from sidecar.pipeline.requests import (
+from sidecar.pipeline.admission.requests import (
     PreviewImage,
     PreviewRequest,
     SpriteSheetRequest,
     ThumbnailRequest,
 )
+from sidecar.pipeline.previews.making import PreviewTaker
+from sidecar.pipeline.previews.planning import fit, plan_previews
 
 from .helpers import psnr
 

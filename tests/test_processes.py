@@ -24,11 +24,11 @@ from client import DeadlineExceeded, ServerError
 from client.patterns import moving_pattern
 from sidecar.codec import memory
 from sidecar.errors import Cancelled
-from sidecar.pipeline import processes
-from sidecar.pipeline.encoder_process import STOP_GRACE_S
-from sidecar.pipeline.process_main import WATCH_S, Stop, _Watch
-from sidecar.pipeline.processes import EncoderProcesses
-from sidecar.pipeline.warm import EncoderKey
+from sidecar.pipeline.encoding.warm import EncoderKey
+from sidecar.pipeline.processes import pool as processes
+from sidecar.pipeline.processes.handle import STOP_GRACE_S
+from sidecar.pipeline.processes.main import WATCH_S, Stop, _Watch
+from sidecar.pipeline.processes.pool import EncoderProcesses
 from tests.helpers import Daemon, decode, index_first, psnr
 
 
@@ -42,7 +42,7 @@ def encoder_processes(daemon: Daemon) -> list[int]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"sidecar.pipeline.process_main" in argv and any(
+        if b"sidecar.pipeline.processes.main" in argv and any(
             daemon.prefix.encode() in a for a in argv
         ):
             pids.append(int(entry.name))
@@ -171,7 +171,7 @@ def test_keys_travel_to_the_process() -> None:
 
     from sidecar.codec.catalogue import CodecSpec
     from sidecar.codec.frames import PIXEL_FORMATS, Geometry
-    from sidecar.pipeline.process_main import Assignment, Region
+    from sidecar.pipeline.processes.main import Assignment, Region
 
     geometry = Geometry(96, 64, PIXEL_FORMATS["rgb24"], Fraction(24))
     codec = CodecSpec(codec="h264", crf=20).resolve()
@@ -364,7 +364,7 @@ def test_a_hung_process_is_killed_once_its_request_is_cancelled(make_daemon) -> 
 def test_a_large_output_comes_back_as_a_descriptor(make_daemon) -> None:  # type: ignore[no-untyped-def]
     """An output over INLINE_ANSWER_BYTES is handed over as the process's memfd, not as
     bytes: the same file either way, as bytes or on disk, and no descriptor left open."""
-    from sidecar.pipeline.process_main import INLINE_ANSWER_BYTES
+    from sidecar.pipeline.processes.main import INLINE_ANSWER_BYTES
 
     clip = noise_clip(30, 360, 640)  # lossless grain: some 10 MB of output
     inside = make_daemon(encoder_processes=0)
@@ -418,7 +418,7 @@ def _pool(*procs) -> EncoderProcesses:  # type: ignore[no-untyped-def]
 def test_a_short_clip_taking_the_only_ready_encoder_has_another_opened() -> None:
     """Back to back, one client: the next request must not wait for the open that the
     process it just used starts after answering. Another process opens one meanwhile."""
-    from sidecar.pipeline.process_main import Prepare
+    from sidecar.pipeline.processes.main import Prepare
 
     k, j = cast(EncoderKey, "k"), cast(EncoderKey, "j")
     prepare = cast(Prepare, SimpleNamespace(key=k))
@@ -441,7 +441,7 @@ def test_requests_faster_than_opens_have_one_more_opened() -> None:
     """A request that finds the encoders for its settings all still opening has one more
     process open another: the requests come faster than the opens. One that finds one
     ready does not, while another is opening."""
-    from sidecar.pipeline.process_main import Prepare
+    from sidecar.pipeline.processes.main import Prepare
 
     k = cast(EncoderKey, "k")
     prepare = cast(Prepare, SimpleNamespace(key=k))
@@ -457,7 +457,7 @@ def test_requests_faster_than_opens_have_one_more_opened() -> None:
 
 
 def test_waiting_for_an_open_is_a_miss_and_spare_encoders_are_reused() -> None:
-    from sidecar.pipeline.process_main import Prepare
+    from sidecar.pipeline.processes.main import Prepare
 
     k, j = cast(EncoderKey, "k"), cast(EncoderKey, "j")
     prepare = cast(Prepare, SimpleNamespace(key=k))

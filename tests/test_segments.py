@@ -14,7 +14,7 @@ from client.patterns import moving_pattern
 from sidecar.codec.catalogue import CodecSpec
 from sidecar.codec.encoder import VideoEncoder
 from sidecar.codec.frames import Limits, check_geometry
-from sidecar.pipeline.segments import (
+from sidecar.pipeline.encoding.segments import (
     encode_segments,
     keyframe_interval,
     plan_segments,

@@ -11,7 +11,7 @@ from typing import Any, cast
 
 from client.patterns import moving_pattern
 from sidecar.codec.frames import PIXEL_FORMATS, Geometry
-from sidecar.pipeline.warm import EncoderKey, WarmEncoder, WarmPool
+from sidecar.pipeline.encoding.warm import EncoderKey, WarmEncoder, WarmPool
 
 
 def test_back_to_back_requests_find_a_ready_encoder(make_daemon) -> None:  # type: ignore[no-untyped-def]
@@ -249,9 +249,9 @@ def test_a_kept_converter_is_primed_once_and_changes_no_byte(monkeypatch) -> Non
 
     from sidecar.codec.catalogue import CodecSpec
     from sidecar.codec.colour import FrameConverter
-    from sidecar.pipeline.process_main import Worker
-    from sidecar.pipeline.ready import KEPT_CONVERTERS
-    from sidecar.pipeline.warm import open_in_memory
+    from sidecar.pipeline.encoding.warm import open_in_memory
+    from sidecar.pipeline.processes.main import Worker
+    from sidecar.pipeline.processes.ready import KEPT_CONVERTERS
 
     geometry = Geometry(96, 64, PIXEL_FORMATS["rgb24"], Fraction(24))
     codec = CodecSpec().resolve("mp4")

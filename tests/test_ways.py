@@ -7,8 +7,8 @@ from typing import Any, cast
 
 import pytest
 
-from sidecar.pipeline.process_way import InEncoderProcess
-from sidecar.pipeline.ways import FreshEncoder, ReadyEncoder, Segments, choose_way
+from sidecar.pipeline.encoding.routes import FreshEncoder, ReadyEncoder, Segments, choose_way
+from sidecar.pipeline.processes.route import InEncoderProcess
 
 
 def job(*, segments: int = 1, warmable: bool = False, processes: bool = False) -> Any:

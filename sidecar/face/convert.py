@@ -18,7 +18,7 @@ from ..codec.codec_rules import MAX_OPTIONS
 from ..codec.frames import FrameRangeSpec
 from ..errors import InvalidRequest
 from ..events import Chunk, Progress
-from ..pipeline.requests import (
+from ..pipeline.admission.requests import (
     AudioPiece,
     AudioRangeSpec,
     AudioRequest,

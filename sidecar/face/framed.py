@@ -76,7 +76,7 @@ import grpc
 
 from ..api import framing
 from ..api.v1 import sidecar_pb2 as pb
-from ..pipeline.requests import OneReply
+from ..pipeline.admission.requests import OneReply
 from ..vocabulary import FRAMED_REPLY_MAX_BYTES, MAX_MESSAGE_BYTES
 from .calls import CallEnd
 from .framed_reading import READER_LIMIT, Reader, Request, drain, read_requests, skip

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import Cancelled, EncodeFailed, InvalidRequest, LeaseNotFound, SidecarError
 from ..events import Chunk, Progress
-from ..pipeline.requests import Result
+from ..pipeline.admission.requests import Result
 from ..service import Sidecar
 from ..vocabulary import Reason
 from .calls import CallEnd

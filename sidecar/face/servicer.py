@@ -22,7 +22,7 @@ from ..api import framing
 from ..api.v1 import sidecar_pb2 as pb
 from ..api.v1 import sidecar_pb2_grpc as pb_grpc
 from ..errors import Cancelled, InvalidRequest, SidecarError
-from ..pipeline.requests import OneReply, Result
+from ..pipeline.admission.requests import OneReply, Result
 from ..pool.lease_queue import MAX_REGIONS
 from ..service import Sidecar
 from ..vocabulary import MAX_MESSAGE_BYTES

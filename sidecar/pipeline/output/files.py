@@ -15,10 +15,10 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from ..codec.catalogue import CONTAINERS
-from ..errors import DiskFull, InvalidRequest, OutputError, OutputExists, StartupError
-from ..vocabulary import DEFAULT_CONTAINER, WIRE_WORDS, FileNameError, extension, file_container
-from .requests import OutputRequest, PreviewImage
+from ...codec.catalogue import CONTAINERS
+from ...errors import DiskFull, InvalidRequest, OutputError, OutputExists, StartupError
+from ...vocabulary import DEFAULT_CONTAINER, WIRE_WORDS, FileNameError, extension, file_container
+from ..admission.requests import OutputRequest, PreviewImage
 
 FIELD = "output.file.path"
 MAX_PATH_CHARS = 1024

@@ -8,18 +8,18 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from ..codec.frames import PlacedRange
-from ..errors import EncodeFailed, InvalidRequest
-from ..events import ProgressReporter
-from .encoder_process import ProcessGone
-from .plans import EncodeOutcome
-from .process_main import Answer, Assignment
-from .processes import EncoderProcesses
-from .requests import PreviewImage
-from .sinks import Made
+from ...codec.frames import PlacedRange
+from ...errors import EncodeFailed, InvalidRequest
+from ...events import ProgressReporter
+from ..admission.plans import EncodeOutcome
+from ..admission.requests import PreviewImage
+from ..output.sinks import Made
+from .handle import ProcessGone
+from .main import Answer, Assignment
+from .pool import EncoderProcesses
 
 if TYPE_CHECKING:
-    from .jobs import EncodeJob
+    from ..encoding.jobs import EncodeJob
 
 
 class Fallback(Protocol):

@@ -18,10 +18,10 @@ from multiprocessing.reduction import recv_handle
 from pathlib import Path
 from typing import NoReturn
 
-from ..codec.memory import RELEASE_S
-from ..errors import EncodeFailed
-from .process_main import Answer, Assignment, Prepare, Progress, Ready, Stop
-from .warm import EncoderKey
+from ...codec.memory import RELEASE_S
+from ...errors import EncodeFailed
+from ..encoding.warm import EncoderKey
+from .main import Answer, Assignment, Prepare, Progress, Ready, Stop
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class EncoderProcess:
         argv = [
             sys.executable,
             "-m",
-            "sidecar.pipeline.process_main",
+            "sidecar.pipeline.processes.main",
             str(theirs.fileno()),
             str(idle_s),
         ]

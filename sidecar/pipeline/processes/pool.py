@@ -35,10 +35,10 @@ import threading
 import time
 from collections import Counter
 
-from ..codec.memory import RELEASE_S
-from .encoder_process import STOP_WAIT_S, EncoderProcess, log_stopped
-from .process_main import Prepare
-from .warm import EncoderKey
+from ...codec.memory import RELEASE_S
+from ..encoding.warm import EncoderKey
+from .handle import STOP_WAIT_S, EncoderProcess, log_stopped
+from .main import Prepare
 
 log = logging.getLogger(__name__)
 

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..codec.audio_format import AudioFormat
-from ..codec.catalogue import ResolvedCodec
-from ..codec.frames import Geometry
-from .output import FileTarget
-from .previews import PreviewPlan
+from ...codec.audio_format import AudioFormat
+from ...codec.catalogue import ResolvedCodec
+from ...codec.frames import Geometry
+from ..output.files import FileTarget
+from ..previews.planning import PreviewPlan
 from .requests import PreviewImage
 
 

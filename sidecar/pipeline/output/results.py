@@ -6,11 +6,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from ..pool.leases import Lease
+from ...pool.leases import Lease
+from ..admission.planner import Accepted
+from ..admission.plans import EncodeOutcome
+from ..admission.requests import Result
 from .handback import HandedBack
-from .planner import Accepted
-from .plans import EncodeOutcome
-from .requests import Result
 
 
 def result_of(

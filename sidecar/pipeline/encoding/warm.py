@@ -30,12 +30,12 @@ from fractions import Fraction
 
 import numpy as np
 
-from ..codec.catalogue import CodecSpec, ResolvedCodec
-from ..codec.colour import FrameConverter
-from ..codec.encoder import VideoEncoder
-from ..codec.frames import PIXEL_FORMATS, Geometry
-from ..codec.threads import converts, threading_for
-from ..config_values import cpu_count
+from ...codec.catalogue import CodecSpec, ResolvedCodec
+from ...codec.colour import FrameConverter
+from ...codec.encoder import VideoEncoder
+from ...codec.frames import PIXEL_FORMATS, Geometry
+from ...codec.threads import converts, threading_for
+from ...config_values import cpu_count
 
 # Only short clips are worth it: for long ones the open cost is lost in the encode.
 MAX_WARM_BYTES = 64 * 1024 * 1024

@@ -9,8 +9,8 @@ from typing import TypeVar
 
 import numpy as np
 
-from ..codec.encoder import VideoEncoder
-from ..codec.landing import Frames, Landing
+from ...codec.encoder import VideoEncoder
+from ...codec.landing import Frames, Landing
 
 P = TypeVar("P")
 

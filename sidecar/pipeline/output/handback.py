@@ -13,12 +13,12 @@ import contextlib
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..errors import OutOfRange, PoolExhausted
-from ..pool.lease_queue import LeaseQueue
-from ..pool.leases import Lease, LeaseTable
-from ..pool.shm import SlabSet
-from .plans import EncodeOutcome
-from .requests import EncodeSpec
+from ...errors import OutOfRange, PoolExhausted
+from ...pool.lease_queue import LeaseQueue
+from ...pool.leases import Lease, LeaseTable
+from ...pool.shm import SlabSet
+from ..admission.plans import EncodeOutcome
+from ..admission.requests import EncodeSpec
 
 CHUNK_SIZE = 1024 * 1024  # bytes outputs travel in pieces of this size
 # A result carries previews up to this, below the message limit with room to spare.

@@ -19,23 +19,23 @@ from typing import Protocol
 
 import numpy as np
 
-from ..codec.frames import PlacedRange, borrow_frames
-from ..codec.landing import Landing
-from ..errors import Cancelled, SidecarError
-from ..events import Emit, ProgressReporter
-from ..pool.shm import Slab
+from ...codec.frames import PlacedRange, borrow_frames
+from ...codec.landing import Landing
+from ...errors import Cancelled, SidecarError
+from ...events import Emit, ProgressReporter
+from ...pool.shm import Slab
+from ..admission.plans import EncodeOutcome, EncodePlan
+from ..admission.requests import PreviewImage
+from ..output.files import write_beside
+from ..output.sinks import Made, sink_for
+from ..previews.making import PreviewTaker
+from ..processes.pool import EncoderProcesses
 from .consume import Handing
 from .failures import classify
 from .feed import End, FrameFeed, InlineFrames, Piece
-from .output import write_beside
-from .plans import EncodeOutcome, EncodePlan
-from .preview_taker import PreviewTaker
-from .processes import EncoderProcesses
-from .requests import PreviewImage
+from .routes import choose_way
 from .segments import SEGMENTABLE, keyframe_interval, plan_segments
-from .sinks import Made, sink_for
 from .warm import EncoderKey, WarmPool
-from .ways import choose_way
 
 
 class Slots(Protocol):

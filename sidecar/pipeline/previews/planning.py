@@ -16,11 +16,11 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
-from ..codec.frames import Geometry
-from ..codec.images import IMAGE_FORMATS, ImageFormat
-from ..errors import InvalidRequest, OutOfRange
-from ..vocabulary import PREVIEW_FILE_INFIX
-from .requests import PreviewRequest, SpriteSheetRequest, ThumbnailRequest
+from ...codec.frames import Geometry
+from ...codec.images import IMAGE_FORMATS, ImageFormat
+from ...errors import InvalidRequest, OutOfRange
+from ...vocabulary import PREVIEW_FILE_INFIX
+from ..admission.requests import PreviewRequest, SpriteSheetRequest, ThumbnailRequest
 
 # Limits, and the defaults of fields left 0 (docs/previews.md).
 THUMBNAIL_MAX_SIDE = 1920

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..codec.catalogue import ResolvedCodec
-from ..codec.colour import FrameConverter
-from ..codec.frames import Geometry
-from .warm import EncoderKey, WarmEncoder, open_in_memory
+from ...codec.catalogue import ResolvedCodec
+from ...codec.colour import FrameConverter
+from ...codec.frames import Geometry
+from ..encoding.warm import EncoderKey, WarmEncoder, open_in_memory
 
 KEPT_CONVERTERS = 4  # colour converters kept for the settings served last
 

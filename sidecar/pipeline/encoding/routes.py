@@ -13,13 +13,13 @@ import os
 import time
 from typing import TYPE_CHECKING, Protocol
 
-from ..codec.encoder import EncodeTimings, VideoEncoder
-from ..errors import Cancelled, InvalidRequest
-from ..events import ProgressReporter
+from ...codec.encoder import EncodeTimings, VideoEncoder
+from ...errors import Cancelled, InvalidRequest
+from ...events import ProgressReporter
+from ..admission.plans import EncodeOutcome
+from ..processes.route import InEncoderProcess
 from .consume import encode_pieces
 from .feed import End
-from .plans import EncodeOutcome
-from .process_way import InEncoderProcess
 from .segments import encode_segments, frame_lookup
 from .warm import WarmPool, open_in_memory, opener_for
 

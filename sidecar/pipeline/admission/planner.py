@@ -14,18 +14,18 @@ from pathlib import Path
 
 import numpy as np
 
-from ..codec.audio_format import AudioFormat
-from ..codec.ceiling import CostCeiling
-from ..codec.frames import Geometry, Limits, PlacedRange, check_geometry, place_ranges
-from ..codec.landing import check_place
-from ..errors import InvalidRequest
-from ..pool.leases import Lease, LeaseTable
-from ..pool.shm import SlabSet
-from ..vocabulary import DEFAULT_PROFILE
-from .feed import FrameFeed
-from .output import FileTarget, output_container
+from ...codec.audio_format import AudioFormat
+from ...codec.ceiling import CostCeiling
+from ...codec.frames import Geometry, Limits, PlacedRange, check_geometry, place_ranges
+from ...codec.landing import check_place
+from ...errors import InvalidRequest
+from ...pool.leases import Lease, LeaseTable
+from ...pool.shm import SlabSet
+from ...vocabulary import DEFAULT_PROFILE
+from ..encoding.feed import FrameFeed
+from ..output.files import FileTarget, output_container
+from ..previews.planning import plan_previews
 from .plans import EncodePlan
-from .previews import plan_previews
 from .requests import AudioPiece, EncodeSpec
 
 

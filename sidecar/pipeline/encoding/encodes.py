@@ -10,22 +10,22 @@ import threading
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Protocol
 
-from ..errors import OutOfRange
-from ..events import Chunk, Progress
-from ..pool.lease_queue import LeaseQueue
-from ..pool.leases import LeaseTable
-from ..pool.shm import SlabSet
-from .activity import Activity
-from .handback import CHUNK_SIZE, OutputHandBack
+from ...errors import OutOfRange
+from ...events import Chunk, Progress
+from ...pool.lease_queue import LeaseQueue
+from ...pool.leases import LeaseTable
+from ...pool.shm import SlabSet
+from ..admission.activity import Activity
+from ..admission.planner import Accepted
+from ..admission.plans import EncodeOutcome
+from ..admission.requests import Event
+from ..output.handback import CHUNK_SIZE, OutputHandBack
+from ..output.results import result_of
+from ..processes.pool import EncoderProcesses
+from ..status import Stats
 from .jobs import EncodeJob
-from .planner import Accepted
-from .plans import EncodeOutcome
-from .processes import EncoderProcesses
 from .relay import relay
-from .requests import Event
-from .results import result_of
 from .scheduler import Scheduler
-from .status import Stats
 from .warm import WarmPool
 
 

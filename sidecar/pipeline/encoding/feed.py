@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..codec.frames import PlacedRange
-from ..pool.leases import Lease, LeaseTable
+from ...codec.frames import PlacedRange
+from ...pool.leases import Lease, LeaseTable
 
 POLL_S = 0.1  # how often a waiting encoder looks at its cancel flag
 INLINE_BUDGET = 64 * 1024 * 1024  # inline frames queued for one encode, at most

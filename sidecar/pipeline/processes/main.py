@@ -1,6 +1,6 @@
 """An encoder process: encodes videos from the daemon's slabs, one at a time.
 
-Started by `processes.EncoderProcesses` as `python -m sidecar.pipeline.process_main FD IDLE
+Started by `processes.EncoderProcesses` as `python -m sidecar.pipeline.processes.main FD IDLE
 SLAB...`, in its own session (a terminal's Ctrl-C is the daemon's to handle), with one end
 of a socket pair as FD. It maps the slabs once, then serves jobs: an `Assignment` in, an
 `Answer` out, with `Progress` between them on a long encode and a `Stop` from the daemon
@@ -32,16 +32,16 @@ from multiprocessing.reduction import send_handle
 import av
 import numpy as np
 
-from ..codec.catalogue import ResolvedCodec
-from ..codec.encoder import VideoEncoder
-from ..codec.frames import Geometry, PlacedRange, borrow_frames
-from ..codec.landing import Landing
-from ..codec.memory import RELEASE_S, keep_freed, limit_arenas, trim
-from ..errors import Cancelled, InvalidRequest, SidecarError
-from ..events import PROGRESS_INTERVAL
-from .consume import Handing, encode_pieces
+from ...codec.catalogue import ResolvedCodec
+from ...codec.encoder import VideoEncoder
+from ...codec.frames import Geometry, PlacedRange, borrow_frames
+from ...codec.landing import Landing
+from ...codec.memory import RELEASE_S, keep_freed, limit_arenas, trim
+from ...errors import Cancelled, InvalidRequest, SidecarError
+from ...events import PROGRESS_INTERVAL
+from ..encoding.consume import Handing, encode_pieces
+from ..encoding.warm import EncoderKey, WarmEncoder
 from .ready import EncoderSettings, ReadySlot
-from .warm import EncoderKey, WarmEncoder
 
 # Larger outputs are handed over as a descriptor: pickling a 2.9 MB output through the
 # socket and back took ten times as long as handing over its memfd.
@@ -323,7 +323,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    # Run under the module's own name, so what it pickles names sidecar.pipeline.process_main.
-    from sidecar.pipeline.process_main import main as run
+    # Run under the module's own name, so what it pickles names sidecar.pipeline.processes.main.
+    from sidecar.pipeline.processes.main import main as run
 
     sys.exit(run(sys.argv[1:]))

@@ -6,8 +6,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ..events import Chunk, Progress
-from .plans import EncodeOutcome
+from ...events import Chunk, Progress
+from ..admission.plans import EncodeOutcome
 
 
 async def relay(

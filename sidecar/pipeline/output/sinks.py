@@ -9,9 +9,9 @@ import os
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
-from ..events import ChunkWriter, Emit
-from .output import FileTarget
-from .plans import EncodePlan
+from ...events import ChunkWriter, Emit
+from ..admission.plans import EncodePlan
+from .files import FileTarget
 
 
 @dataclass(frozen=True)

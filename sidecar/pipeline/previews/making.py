@@ -21,10 +21,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from ..codec.frames import Geometry
-from ..codec.images import encode_image, scale_rgb
-from .previews import PreviewPlan, SheetPlan, ThumbnailPlan
-from .requests import PreviewImage
+from ...codec.frames import Geometry
+from ...codec.images import encode_image, scale_rgb
+from ..admission.requests import PreviewImage
+from .planning import PreviewPlan, SheetPlan, ThumbnailPlan
 
 # (kind, frame index, width, height): a frame to scale, and to what size.
 Pick = tuple[str, int, int, int]

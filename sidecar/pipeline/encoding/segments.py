@@ -30,12 +30,12 @@ from typing import Any
 import av
 import numpy as np
 
-from ..codec.catalogue import ResolvedCodec
-from ..codec.codec_rules import split_params
-from ..codec.colour import FrameConverter
-from ..codec.encoder import VideoEncoder, configure, drain, open_context
-from ..codec.landing import Frames
-from ..errors import Cancelled
+from ...codec.catalogue import ResolvedCodec
+from ...codec.codec_rules import split_params
+from ...codec.colour import FrameConverter
+from ...codec.encoder import VideoEncoder, configure, drain, open_context
+from ...codec.landing import Frames
+from ...errors import Cancelled
 
 MIN_SEGMENT_FRAMES = 60
 DEFAULT_KEYINT = 250  # x264's and x265's keyint when nothing sets it

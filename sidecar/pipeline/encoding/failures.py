@@ -7,9 +7,9 @@ import logging
 
 import av
 
-from ..errors import EncodeFailed, SidecarError
-from .output import output_error
-from .plans import EncodePlan
+from ...errors import EncodeFailed, SidecarError
+from ..admission.plans import EncodePlan
+from ..output.files import output_error
 
 log = logging.getLogger(__name__)
 

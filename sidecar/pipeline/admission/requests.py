@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..codec.audio_format import AudioFormat
-from ..codec.catalogue import CodecSpec
-from ..codec.frames import FrameRangeSpec
-from ..events import Chunk, Progress
-from ..pool.leases import Lease
+from ...codec.audio_format import AudioFormat
+from ...codec.catalogue import CodecSpec
+from ...codec.frames import FrameRangeSpec
+from ...events import Chunk, Progress
+from ...pool.leases import Lease
 
 
 @dataclass(frozen=True)

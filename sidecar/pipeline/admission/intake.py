@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from ..codec.frames import Limits, place_range
-from ..errors import InvalidRequest, OutOfRange
-from .feed import InlineAssembler, Piece
+from ...codec.frames import Limits, place_range
+from ...errors import InvalidRequest, OutOfRange
+from ..encoding.feed import InlineAssembler, Piece
 from .planner import Accepted, Planner
 from .requests import LeaseChunk, StreamEnd, StreamMessage
 

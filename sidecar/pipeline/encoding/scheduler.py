@@ -23,11 +23,11 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from ..codec.threads import converts, threading_for
-from ..config_values import cpu_count
-from ..errors import PoolExhausted, SidecarError
+from ...codec.threads import converts, threading_for
+from ...config_values import cpu_count
+from ...errors import PoolExhausted, SidecarError
+from ..admission.plans import EncodeOutcome
 from .jobs import EncodeJob
-from .plans import EncodeOutcome
 
 # Streams at once: each has an encoder thread of its own (waiting between chunks).
 MAX_STREAMS = 64
