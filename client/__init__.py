@@ -22,8 +22,8 @@ it needs done (an RPC, a copy, a lock, an action on a stream call) and gets the 
 (`_steps`). `SidecarClient` (`_sync`) performs each step blocking, `AsyncSidecarClient`
 (`_async`) awaits it; each holds only its channel and how it performs a step. The public
 methods with many parameters are defined once for both (`_api`), their parameter set once
-(`_options.EncodeOptions`). An encode goes one of five ways (the framed socket,
-EncodeSession, EncodeOnce, Encode, a stream), each a class behind one interface (`_ways`),
+(`_options.EncodeOptions`). An encode goes one of three ways (the framed socket, Encode,
+EncodeStream), each a class behind one interface (`_ways`),
 picked by one function from the request's facts (`_choice.choose_way`). `_api`'s
 docstring says why this and not a generated sync twin.
 

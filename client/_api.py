@@ -59,9 +59,6 @@ SHARED_METHODS = ("encode", "stream", "encode_leased")
 class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
     """What `SidecarClient` and `AsyncSidecarClient` share; see `SidecarClient`."""
 
-    _KEEPS_SESSIONS = True  # whether one-reply encodes go on kept EncodeSession calls
-    # (without a framed socket: both clients keep framed connections)
-
     def __init__(
         self,
         target: str | None = None,
@@ -86,7 +83,6 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
             timeout=timeout,
             lease_wait=lease_wait,
             transport=transport,
-            sessions=self._KEEPS_SESSIONS,
         )
         self.credentials = credentials
         self._closed = False  # set by close(): every later call raises SidecarClosed

@@ -107,12 +107,11 @@ Without `on_chunk` and `on_progress`, a video is answered in one reply with its
 output inside (or in a lease): a request on a connection to the daemon's framed
 socket that the client keeps open for the next one (one per encode in flight; a
 `timeout` closes it, which stops the encode). Without that socket (TCP, or a
-daemon that serves none), a clip of at most 4 MiB as 4:2:0 pictures (or one
-written to `path`): a request on an `EncodeSession` call that `SidecarClient`
-keeps open, or an `EncodeOnce` call (with a `timeout`, and from
-`AsyncSidecarClient`). Anything else is `Encode`, a reply stream. On the framed
-socket a CUDA video of 32 MiB or more is sent while its GPU copy still runs,
-and the daemon starts on each frame as it lands (`sidecar.codec.landing`).
+daemon that serves none), and with callbacks, it is `Encode`, a reply stream. On
+the framed socket a CUDA video of 32 MiB or more is sent while its GPU copy
+still runs, and the daemon starts on each frame as it lands
+(`sidecar.codec.landing`). A video larger than half the pool, or sent inline,
+goes as an `EncodeStream`.
 
 Returns:
     An `EncodeResult`: `data` or `path`, frames, duration, size and timings; the

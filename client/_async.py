@@ -35,14 +35,10 @@ class AsyncSidecarClient(ClientApi[Coroutine[Any, Any, EncodeResult], "AsyncVide
     child after fork, make a new client (closing an inherited one is fine, and leaves the
     parent's leases alone).
 
-    It keeps no `EncodeSession` calls open: a process forked while a gRPC asyncio stream
-    is open crashed in the child about one time in three, even when the child never
-    touched the client. Clips answered in one reply go on kept connections to the
-    daemon's framed socket (plain sockets, which fork leaves alone), else as `EncodeOnce`
-    calls.
+    Encodes answered in one reply go on kept connections to the daemon's framed socket:
+    plain sockets, which fork leaves alone (a process forked while a gRPC asyncio stream
+    is open crashed in the child about one time in three).
     """
-
-    _KEEPS_SESSIONS = False
 
     def _connect(self) -> None:
         self._generation = fork_generation()
@@ -89,7 +85,6 @@ class AsyncSidecarClient(ClientApi[Coroutine[Any, Any, EncodeResult], "AsyncVide
                 return await self._run(op.steps)
         if isinstance(op, ops.OpenStream):
             return await _StreamCall.open(self._stubs["sidecar"], op)
-        # A SessionAsk is never asked of it: it keeps no sessions (`_KEEPS_SESSIONS`).
         assert isinstance(op, ops.OnStream), op
         return await op.call.act(op)
 
@@ -100,7 +95,7 @@ class AsyncSidecarClient(ClientApi[Coroutine[Any, Any, EncodeResult], "AsyncVide
             idle.pop().end()  # the daemon ended it (restart, shutdown)
         connection = idle.pop() if idle else await AsyncFramedConnection.open_to(op.framed)
         try:
-            reply = await connection.ask(op.request, op.timeout, op.landing)
+            reply = await connection.ask(op.request, op.timeout, op.reply_max, op.landing)
         except BaseException:  # cancelled included: closing it stops the encode
             connection.end(cancel=True)
             raise

@@ -17,7 +17,6 @@ from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.vocabulary import Reason
 
 from ._channel import fork_generation, no_daemon, resolve_target
-from ._choice import WayName
 from ._cuda import CudaHost, process_host
 from ._errors import DeadlineExceeded, SidecarError, SidecarUnavailable
 from ._framed import framed_path
@@ -43,7 +42,7 @@ def cuda_in_use() -> bool:
 
 
 class AttachedCore:
-    """Target, attachment, slab mappings, CUDA state, fork detection, the ways served."""
+    """Target, attachment, slab mappings, CUDA state, fork detection, the framed socket."""
 
     def __init__(
         self,
@@ -53,7 +52,6 @@ class AttachedCore:
         timeout: float | None,
         lease_wait: float | None,
         transport: str,
-        sessions: bool = True,
     ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport {transport!r}: use {', '.join(TRANSPORTS)}")
@@ -70,33 +68,27 @@ class AttachedCore:
         self.attachment: Attachment | None = None
         self._generation = fork_generation()
         self.spare = Spare()
-        # gRPC one-reply ways this daemon has not refused as UNIMPLEMENTED (an older one),
-        # and the driver can make: `sessions`, whether it keeps EncodeSession calls.
-        self._grpc_ways = {WayName.SESSION, WayName.ONCE} if sessions else {WayName.ONCE}
         # The daemon's framed socket (see `_framed`), as the last Attach named it; "" once
         # it could not be reached, until the next Attach.
         self.framed = ""
 
-    # -- what this daemon and client serve -----------------------------------------------
+    # -- the framed socket -----------------------------------------------------------------
 
-    def served_ways(self) -> frozenset[WayName]:
-        """The one-reply ways served now: the framed socket while it is in reach, and
-        the gRPC ways this daemon has not refused. `choose_way` picks among them."""
-        framed = {WayName.FRAMED} if self.framed else set()
-        return frozenset(framed | self._grpc_ways)
+    def framed_in_reach(self) -> bool:
+        """Whether requests go to the framed socket now: named by the last Attach, and
+        not lost since."""
+        return bool(self.framed)
 
-    def serves(self, way: WayName) -> bool:
-        """Whether `way` is still served: not refused, nor out of reach, since chosen."""
-        if way is WayName.FRAMED:
-            return bool(self.framed)
-        return way not in (WayName.SESSION, WayName.ONCE) or way in self._grpc_ways
+    def framed_lost(self, why: str = "") -> None:
+        """The framed socket could not be reached (its requests never got there): gRPC
+        serves until the next Attach."""
+        log.info("%s; using gRPC until the next attach", why or "no framed socket")
+        self.framed = ""
 
-    def unimplemented(self, way: WayName, why: str = "") -> None:
-        """The daemon lacks `way` (or its framed socket cannot be reached): ask the next."""
-        if way is WayName.FRAMED:
-            log.info("%s; using gRPC until the next attach", why or "no framed socket")
-            self.framed = ""
-        self._grpc_ways.discard(way)
+    @property
+    def framed_reply_max(self) -> int:
+        """The largest reply the framed socket sends, as the daemon announced it."""
+        return self.attachment.framed_reply_max_bytes if self.attachment else 0
 
     @property
     def unary_timeout(self) -> float:

@@ -21,7 +21,6 @@ from sidecar.vocabulary import Reason
 
 from ._attached import AttachedCore, cuda_in_use
 from ._audio import Pcm
-from ._choice import WayName
 from ._convert import Conversion
 from ._cuda import CudaVideo
 from ._errors import (
@@ -30,7 +29,7 @@ from ._errors import (
     ServerError,
     SidecarError,
     SidecarUnavailable,
-    error_from_session,
+    error_from_reply,
 )
 from ._leasing import CLEANUP_TIMEOUT, give_back_all, lease_over_grpc, room_within
 from ._options import VideoFormat, check_lease
@@ -112,14 +111,16 @@ class ClientCore(AttachedCore):
         shutdown, busy ones after their reply): it goes to gRPC, served through the grace."""
         if self.framed:
             try:
-                reply: pb.FramedReply = yield Exchange(request, self.framed, timeout)
+                reply: pb.FramedReply = yield Exchange(
+                    request, self.framed, timeout, self.framed_reply_max
+                )
             except (ServerError, SidecarUnavailable) as err:
                 if isinstance(err, ServerError) and err.code != grpc.StatusCode.UNIMPLEMENTED:
                     raise
-                self.unimplemented(WayName.FRAMED, str(err))  # it never saw the request
+                self.framed_lost(str(err))  # it never saw the request
             else:
                 if reply.HasField("error"):
-                    raise error_from_session(reply.error)
+                    raise error_from_reply(reply.error)
                 return reply.lease if method == "Lease" else reply.release
         if isinstance(request, pb.LeaseRequest):  # tagged: a lost reply loses no lease
             return (yield from lease_over_grpc(request, timeout))

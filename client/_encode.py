@@ -1,6 +1,7 @@
 """An encode's job, the interface of the ways it can go (see `_choice`), and what the
-ways that send one EncodeRequest share: leasing, copying, asking (the next way when the
-daemon lacks one), taking the output, cleaning up on failure. The ways are in `_ways`.
+ways that send one EncodeRequest share: leasing, copying, asking (Encode when the framed
+socket is out of reach), taking the output, cleaning up on failure. The ways are in
+`_ways`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.vocabulary import LANDED_COUNT_BYTES as COUNT_BYTES
 
 from ._audio import Pcm
-from ._choice import REFUSABLE, WayName
+from ._choice import WayName
 from ._core import ClientCore, audio_in
 from ._cuda import LANDING_MIN_BYTES
 from ._errors import ServerError
@@ -29,16 +30,12 @@ from ._steps import Steps, Work
 from ._types import Attachment, EncodeResult, FrameRange, Lease
 from ._video import VideoSource
 
-# EncodeOnce for outputs that cannot outgrow its one reply (7 MiB): clips of at most this
-# many bytes as 4:2:0 pictures, which even lossless H.264 of noise keeps well under it.
-ONCE_MAX_BYTES = 4 * 1024 * 1024
-
 ProgressCallback = Callable[[int, int], None]
 ChunkCallback = Callable[[bytes], None]
 
 
 @dataclass(frozen=True)
-class EncodeJob:
+class SendJob:
     """One `encode()`: the checked video and what to do with it."""
 
     source: VideoSource
@@ -49,7 +46,7 @@ class EncodeJob:
     timeout: float | None
     on_progress: ProgressCallback | None
     on_chunk: ChunkCallback | None
-    # The way to ask when the chosen one is refused, or after re-attaching: chosen anew.
+    # The way to ask when the framed socket is lost, or after re-attaching: chosen anew.
     rechoose: Callable[[], RequestWay]
 
 
@@ -76,14 +73,14 @@ class SendWay(abc.ABC):
     name: ClassVar[WayName]
 
     @abc.abstractmethod
-    def encode(self, core: ClientCore, job: EncodeJob) -> Steps[EncodeResult]:
+    def encode(self, core: ClientCore, job: SendJob) -> Steps[EncodeResult]:
         """Send the job's video this way and take the replies; the result."""
 
 
 class RequestWay(SendWay):
     """A way that sends the video as one EncodeRequest, its frames leased all at once."""
 
-    def encode(self, core: ClientCore, job: EncodeJob) -> Steps[EncodeResult]:
+    def encode(self, core: ClientCore, job: SendJob) -> Steps[EncodeResult]:
         # The way was chosen before leasing; after re-attaching (the daemon restarted) the
         # new attachment may serve other ways: chosen anew.
         ways: list[RequestWay] = [self]
@@ -99,12 +96,7 @@ class RequestWay(SendWay):
         """Send `out.request` and take its reply, or replies, into `out.builder`."""
 
 
-def small_output(options: EncodeOptions, source: VideoSource) -> bool:
-    """Whether the output cannot outgrow one gRPC reply: a file, or a short clip."""
-    return options.path is not None or source.frames * picture_bytes(source) <= ONCE_MAX_BYTES
-
-
-def send_source(core: ClientCore, job: EncodeJob, way: RequestWay) -> Steps[EncodeResult]:
+def send_source(core: ClientCore, job: SendJob, way: RequestWay) -> Steps[EncodeResult]:
     """Lease what the video needs at once, copy its frames in (or queue the copies, when
     they land while the request goes), and ask `way`."""
     att = yield from core.attach()
@@ -143,7 +135,7 @@ def send_source(core: ClientCore, job: EncodeJob, way: RequestWay) -> Steps[Enco
 
 
 def _filled(
-    job: EncodeJob,
+    job: SendJob,
     att: Attachment,
     plan: list[tuple[int, int]],
     leases: list[Lease],
@@ -181,11 +173,11 @@ def _filled(
 def call_encode(core: ClientCore, out: Outgoing, way: RequestWay) -> Steps[EncodeResult]:
     """Ask for the encode on `way` and take the replies; the result. A request whose
     frames still land (`out.landing`) has them counted between sending it and reading
-    the reply on the framed socket; any other way waits for them first."""
+    the reply on the framed socket; Encode waits for them first."""
     asked_at = time.monotonic()
     builder = out.builder
     try:
-        yield from _ask_served(core, out, way)
+        yield from _ask(core, out, way)
         yield from _output_from_lease(core, builder)
     except GeneratorExit:
         raise
@@ -201,21 +193,19 @@ def call_encode(core: ClientCore, out: Outgoing, way: RequestWay) -> Steps[Encod
     return builder.result(out.clock)
 
 
-def _ask_served(core: ClientCore, out: Outgoing, way: RequestWay) -> Steps[None]:
-    """Ask `way`, or the next one chosen while the daemon refuses it as UNIMPLEMENTED (an
-    older daemon, or a framed socket out of reach: it never saw the request). A way
-    refused, or out of reach, since it was chosen is not asked."""
-    while way.name in REFUSABLE:
-        if not core.serves(way.name):
-            way = out.rechoose()
-            continue
+def _ask(core: ClientCore, out: Outgoing, way: RequestWay) -> Steps[None]:
+    """Ask `way`. The framed socket out of reach (it could not be connected to, so it
+    never saw the request), or lost since it was chosen: Encode, chosen anew, which
+    every daemon serves; the framed socket is tried again after the next Attach."""
+    if way.name is WayName.FRAMED and core.framed:
         try:
             return (yield from way.ask(core, out))
         except ServerError as err:
             if err.code != grpc.StatusCode.UNIMPLEMENTED:
                 raise
-            core.unimplemented(way.name, str(err))
-            way = out.rechoose()
+            core.framed_lost(str(err))
+    if way.name is WayName.FRAMED:
+        way = out.rechoose()
     yield from way.ask(core, out)
 
 
@@ -226,7 +216,7 @@ def _output_from_lease(core: ClientCore, builder: ResultBuilder) -> Steps[None]:
         return
     lease = core.leased(builder.data_lease)
     builder.take_from_lease(lease.array)
-    if not builder.data_in_next_lease:
+    if not builder.output_in_next_lease:
         yield from core.give_back([lease])
         builder.data_lease = None
 

@@ -155,8 +155,8 @@ _CODE_OF_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 _REASON_NUMBERS = frozenset(v.number for v in pb.ErrorReason.DESCRIPTOR.values)
 
 
-def error_from_session(error: pb.SessionError) -> SidecarError:
-    """Translate a request's error sent as an EncodeSession reply into the client's tree."""
+def error_from_reply(error: pb.FramedError) -> SidecarError:
+    """Translate a request's error sent as a framed socket's reply into the client's tree."""
     code = _CODE_OF_NUMBER.get(error.code, grpc.StatusCode.UNKNOWN)
     name = pb.ErrorReason.Name(error.reason) if error.reason in _REASON_NUMBERS else ""
     try:
@@ -189,7 +189,7 @@ NOT_CONNECTED = (
     "Permission denied",
 )
 # What gRPC says of a call whose own write found the connection closed: the daemon left
-# before the request went (a kept EncodeSession call whose daemon died unnoticed). A
+# before the request went (a kept connection whose daemon died unnoticed). A
 # connection lost once the request went ("Socket closed", a reset) is not among these:
 # the daemon may have taken it.
 NOT_WRITTEN = ("sendmsg: Broken pipe",)

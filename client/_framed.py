@@ -8,9 +8,9 @@ daemon, and a long video's output comes back without HTTP/2's flow control (a 1 
 output took some 5 ms after the daemon had it on an Encode stream). A lease or release
 on it costs a fraction of a unary gRPC call, which a long video would pay for each of its
 leases. One connection carries one request at a time; the drivers keep one per request
-in flight, as they would EncodeSession calls.
+in flight.
 
-A connection that cannot be opened reads as a way the daemon lacks (UNIMPLEMENTED): the
+A connection that cannot be opened reads as a way out of reach (UNIMPLEMENTED): the
 client then uses gRPC until it attaches again. A deadline is the client's own: when it
 passes, the client closes the connection, which stops the encode.
 """
@@ -32,7 +32,6 @@ import grpc
 from sidecar.api import framing
 from sidecar.api.framing import HEADER_BYTES, PREAMBLE
 from sidecar.api.v1 import sidecar_pb2 as pb
-from sidecar.vocabulary import FRAMED_REPLY_MAX_BYTES
 
 from ._errors import DeadlineExceeded, SidecarError, SidecarUnavailable, error_for
 
@@ -124,9 +123,10 @@ def _frame(request: Request) -> bytes:
     return framing.pack(framing.wrap(request))
 
 
-def _reply_length(header: bytes | bytearray) -> int:
+def _reply_length(header: bytes | bytearray, reply_max: int) -> int:
+    """A reply's length, within the limit the daemon announced (`reply_max`)."""
     length = framing.length(header)
-    if length > FRAMED_REPLY_MAX_BYTES:
+    if length > reply_max:
         raise SidecarUnavailable(f"the framed socket sent a {length}-byte reply; not a daemon's")
     return length
 
@@ -160,10 +160,14 @@ class FramedConnection:
         return not self._poll.poll(0)
 
     def ask(
-        self, request: Request, timeout: float | None, landing: Landing | None = None
+        self,
+        request: Request,
+        timeout: float | None,
+        reply_max: int,
+        landing: Landing | None = None,
     ) -> pb.FramedReply:
         """Send `request`, run `landing` (the request's frames still landing), then read
-        the reply."""
+        the reply (of at most `reply_max` bytes)."""
         sock = self._sock
         sock.settimeout(timeout)
         try:
@@ -174,7 +178,7 @@ class FramedConnection:
             if landing is not None:
                 landing()
             header = self._read(HEADER_BYTES)
-            return _reply(self._read(_reply_length(header)))
+            return _reply(self._read(_reply_length(header, reply_max)))
         except TimeoutError:
             raise DeadlineExceeded("the deadline passed before the daemon's reply") from None
         except OSError as exc:
@@ -222,18 +226,22 @@ class AsyncFramedConnection:
         return not self._reader.at_eof() and not self._writer.is_closing()
 
     async def ask(
-        self, request: Request, timeout: float | None, landing: Landing | None = None
+        self,
+        request: Request,
+        timeout: float | None,
+        reply_max: int,
+        landing: Landing | None = None,
     ) -> pb.FramedReply:
         """As `FramedConnection.ask`; `landing` runs on a worker thread, to its end even
         if the call is cancelled meanwhile."""
         try:
             if landing is None:
-                return await within(self._ask(request), timeout)
+                return await within(self._ask(request, reply_max), timeout)
             started = time.monotonic()
             await within(self._send(request), timeout)
             await to_the_end(asyncio.to_thread(landing))
             left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
-            return await within(self._receive(), left)
+            return await within(self._receive(reply_max), left)
         except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11
             raise DeadlineExceeded("the deadline passed before the daemon's reply") from None
         except asyncio.IncompleteReadError:
@@ -241,9 +249,9 @@ class AsyncFramedConnection:
         except OSError as exc:
             raise SidecarUnavailable(f"framed connection lost: {exc.strerror or exc}") from None
 
-    async def _ask(self, request: Request) -> pb.FramedReply:
+    async def _ask(self, request: Request, reply_max: int) -> pb.FramedReply:
         await self._send(request)
-        return await self._receive()
+        return await self._receive(reply_max)
 
     async def _send(self, request: Request) -> None:
         try:
@@ -252,9 +260,9 @@ class AsyncFramedConnection:
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise _closed_before(exc) from None
 
-    async def _receive(self) -> pb.FramedReply:
+    async def _receive(self, reply_max: int) -> pb.FramedReply:
         header = await self._reader.readexactly(HEADER_BYTES)
-        return _reply(await self._reader.readexactly(_reply_length(header)))
+        return _reply(await self._reader.readexactly(_reply_length(header, reply_max)))
 
     def end(self, *, cancel: bool = False) -> None:
         self._writer.close()

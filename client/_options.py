@@ -157,9 +157,6 @@ class EncodeOptions:
             next_lease_bytes=next_lease_bytes,
             audio=audio,
             audio_data=audio_data or [],
-            data_in_result=True,  # ResultBuilder reads it
-            data_in_lease=True,  # frames in leases: this client maps the slabs
-            data_in_next_lease=True,  # call_encode copies it out before keeping the lease
             previews=previews_proto(self.thumbnail, self.sprite_sheet),
         )
 

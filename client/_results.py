@@ -125,7 +125,7 @@ class ResultBuilder:
         return None
 
     @property
-    def data_in_next_lease(self) -> bool:
+    def output_in_next_lease(self) -> bool:
         """The output came in the lease granted for the next request."""
         lease, spare = self.data_lease, self.next_lease
         return lease is not None and spare is not None and lease.lease_id == spare.lease_id
@@ -140,7 +140,7 @@ class ResultBuilder:
         return self._on_progress is not None or self._on_chunk is not None
 
     def take_result(self, result: pb.EncodeResult) -> None:
-        """The result: the last reply of a stream, or EncodeOnce's only one."""
+        """The result: the last reply of a stream, or a framed request's only one."""
         # The leases first: a callback below that raises must not make us forget them.
         if result.HasField("data_lease"):
             self.data_lease = result.data_lease
@@ -228,6 +228,7 @@ def attachment_from_proto(resp: pb.AttachResponse) -> Attachment:
         lease_ttl=lim.lease_ttl_ms / 1e3,
         max_lease_wait=lim.max_lease_wait_ms / 1e3,
         server_version=resp.server_version,
+        framed_reply_max_bytes=resp.framed_reply_max_bytes,
     )
 
 

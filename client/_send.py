@@ -14,13 +14,12 @@ from ._choice import SendFacts, choose_way
 from ._core import ClientCore
 from ._encode import (
     ChunkCallback,
-    EncodeJob,
     FramesLanding,
     Outgoing,
     ProgressCallback,
     RequestWay,
+    SendJob,
     call_encode,
-    small_output,
 )
 from ._options import EncodeOptions, VideoFormat, VideoGeometry
 from ._plan import fits_in_pool, plan_ranges
@@ -55,12 +54,10 @@ def encode(
         slabs_mapped=not core.inline,
         fits_in_pool=fits_in_pool(plan, source.frame_bytes, att),
         wants_events=on_progress is not None or on_chunk is not None,
-        small=small_output(options, source),
-        has_deadline=(timeout or core.timeout) is not None,
-        served=core.served_ways,
+        framed=core.framed_in_reach,
     )
     rechoose = functools.partial(request_way, facts)
-    job = EncodeJob(source, options, fmt, pcm, clock, timeout, on_progress, on_chunk, rechoose)
+    job = SendJob(source, options, fmt, pcm, clock, timeout, on_progress, on_chunk, rechoose)
     return (yield from WAYS[choose_way(facts)].encode(core, job))
 
 
@@ -85,7 +82,6 @@ def send_request(
     builder: ResultBuilder,
     timeout: float | None,
     *,
-    small: bool = False,
     landing: FramesLanding | None = None,
 ) -> Steps[EncodeResult]:
     """A request whose frames are already in leases, on the way chosen for it."""
@@ -93,9 +89,7 @@ def send_request(
         slabs_mapped=True,
         fits_in_pool=True,
         wants_events=builder.wants_events,
-        small=small,
-        has_deadline=(timeout or core.timeout) is not None,
-        served=core.served_ways,
+        framed=core.framed_in_reach,
     )
     deadline = timeout or core.timeout
     rechoose = functools.partial(request_way, facts)

@@ -32,7 +32,7 @@ T = TypeVar("T")
 class Call:
     """A unary RPC; the driver returns the response message."""
 
-    method: str  # "Attach", "Lease", "Release", "Status", "EncodeOnce"; "Check" on health
+    method: str  # "Attach", "Lease", "Release", "Status"; "Check" on health
     request: Message
     timeout: float | None  # None: no deadline (an encode)
     service: Literal["sidecar", "health"] = "sidecar"
@@ -54,23 +54,16 @@ class Replies:
 class Exchange:
     """One request on a connection to the daemon's framed socket at `framed`, which the
     driver keeps open for the next one (one per request in flight, reused). The driver
-    returns the `FramedReply`. `timeout` is the client's own. `landing` runs between
-    sending the request and reading its reply, to its end whatever happens: it waits for
-    the request's frames to land, counting them."""
+    returns the `FramedReply`, read up to `reply_max` bytes (the daemon's announced
+    limit). `timeout` is the client's own. `landing` runs between sending the request
+    and reading its reply, to its end whatever happens: it waits for the request's frames
+    to land, counting them."""
 
     request: pb.EncodeRequest | pb.LeaseRequest | pb.ReleaseRequest
     framed: str
     timeout: float | None = None
+    reply_max: int = 0
     landing: Callable[[], None] | None = None
-
-
-@dataclass(frozen=True)
-class SessionAsk:
-    """One encode on a kept EncodeSession call, which the driver keeps open for the next
-    one (one per request in flight, reused). The driver returns the `SessionReply`, which
-    reads as a `FramedReply`. A request on a kept call cannot carry a deadline."""
-
-    request: pb.EncodeRequest
 
 
 @dataclass(frozen=True)
@@ -119,7 +112,7 @@ class OnStream:
     message: pb.StreamRequest | None = None
 
 
-Op = Call | Replies | Exchange | SessionAsk | Work | Exclusive | OpenStream | OnStream
+Op = Call | Replies | Exchange | Work | Exclusive | OpenStream | OnStream
 Steps = Generator[Op, Any, T]
 
 

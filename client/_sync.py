@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import functools
 import queue
 import threading
-from collections.abc import Callable, Iterator
-from typing import Any, Protocol, TypeVar
+from collections.abc import Iterator
+from typing import Any, TypeVar
 
 import grpc
 
@@ -15,7 +14,7 @@ from sidecar.api.v1 import sidecar_pb2 as pb
 from . import _steps as ops
 from ._api import ClientApi
 from ._channel import explained, fork_generation, keep_after_fork, open_channel
-from ._errors import SidecarUnavailable, error_from_rpc
+from ._errors import error_from_rpc
 from ._framed import FramedConnection
 from ._steps import Op, Steps, run_blocking
 from ._stream import StreamCore, StreamFace
@@ -42,12 +41,12 @@ class SidecarClient(ClientApi[EncodeResult, "VideoStream"]):
         self._generation = fork_generation()
         self._channel, self._stubs = open_channel(grpc, self._core.target, self.credentials)
         self._lock = threading.Lock()
-        self._sessions = _Sessions(self._stubs["sidecar"])
+        self._connections = _KeptConnections()
         keep_after_fork(self)
 
     def grpc_objects(self) -> tuple[Any, ...]:
         """What a child after fork must keep from being collected (see `_core._Forks`)."""
-        return self._channel, self._sessions
+        return self._channel, self._connections
 
     def _run(self, steps: Steps[T]) -> T:
         self._check_open(steps)
@@ -64,8 +63,8 @@ class SidecarClient(ClientApi[EncodeResult, "VideoStream"]):
                 return call(op.request, timeout=op.timeout, wait_for_ready=op.wait_for_ready)
             except grpc.RpcError as err:
                 raise explained(self._core.target, error_from_rpc(err)) from None
-        if isinstance(op, ops.Exchange | ops.SessionAsk):
-            return self._sessions.exchange(op)
+        if isinstance(op, ops.Exchange):
+            return self._connections.exchange(op)
         if isinstance(op, ops.Replies):
             for event in self._stubs["sidecar"].Encode(op.request, timeout=op.timeout):
                 op.feed(event)
@@ -90,8 +89,8 @@ class SidecarClient(ClientApi[EncodeResult, "VideoStream"]):
         self.close()
 
     def close(self) -> None:
-        """Give back the spare lease, unmap the slabs, end the kept sessions, close the
-        channel. Closing a closed client does nothing; any other call raises
+        """Give back the spare lease, unmap the slabs, close the kept framed connections
+        and the channel. Closing a closed client does nothing; any other call raises
         `SidecarClosed`."""
         if self._closed:
             return
@@ -100,7 +99,7 @@ class SidecarClient(ClientApi[EncodeResult, "VideoStream"]):
         finally:
             self._closed = True
         if self._generation == fork_generation():  # a parent's channel is left alone
-            self._sessions.close()
+            self._connections.close()
             self._channel.close()
 
     def attach(self, *, refresh: bool = False) -> Attachment:
@@ -208,49 +207,27 @@ class _StreamCall:
         self._reader.join()
 
 
-class _Kept(Protocol):
-    """A framed connection or an EncodeSession call, kept between requests."""
+class _KeptConnections:
+    """Framed connections kept open between requests, by socket path, one per request in
+    flight, each taken by one request at a time and put back after its reply."""
 
-    @property
-    def open(self) -> bool: ...
-
-    def end(self, *, cancel: bool = False) -> None: ...
-
-
-K = TypeVar("K", bound=_Kept)
-
-
-class _Sessions:
-    """Connections kept open between requests, one per request in flight, each taken by
-    one request at a time and put back after its reply: framed connections, by socket
-    path, and EncodeSession calls."""
-
-    def __init__(self, stub: Any) -> None:
-        self._stub = stub
+    def __init__(self) -> None:
         self._framed: dict[str, list[FramedConnection]] = {}
-        self._calls: list[_Session] = []
         self._lock = threading.Lock()
 
-    def exchange(self, op: ops.Exchange | ops.SessionAsk) -> pb.SessionReply | pb.FramedReply:
-        if isinstance(op, ops.SessionAsk):
-            call = self._take(self._calls) or _Session(self._stub)
-            return self._ask(call, self._calls, functools.partial(call.ask, op.request))
+    def exchange(self, op: ops.Exchange) -> pb.FramedReply:
         idle = self._framed.setdefault(op.framed, [])
         connection = self._take(idle) or FramedConnection(op.framed)
-        ask = functools.partial(connection.ask, op.request, op.timeout, op.landing)
-        return self._ask(connection, idle, ask)
-
-    def _ask(self, kept: _Kept, idle: list[Any], ask: Callable[[], T]) -> T:
         try:
-            reply = ask()
+            reply = connection.ask(op.request, op.timeout, op.reply_max, op.landing)
         except BaseException:
-            kept.end(cancel=True)  # in an unknown state: a reply may still come
+            connection.end(cancel=True)  # in an unknown state: a reply may still come
             raise
         with self._lock:
-            idle.append(kept)
+            idle.append(connection)
         return reply
 
-    def _take(self, idle: list[K]) -> K | None:
+    def _take(self, idle: list[FramedConnection]) -> FramedConnection | None:
         """An idle one still open; the ones the daemon ended (restart, shutdown) end."""
         with self._lock:
             while idle:
@@ -262,32 +239,7 @@ class _Sessions:
 
     def close(self) -> None:
         with self._lock:
-            idle: list[_Kept] = [*self._calls, *(c for cs in self._framed.values() for c in cs)]
-            self._framed, self._calls = {}, []
+            idle = [c for cs in self._framed.values() for c in cs]
+            self._framed = {}
         for kept in idle:
             kept.end()
-
-
-class _Session:
-    """One EncodeSession call: requests through a queue (gRPC's thread sends them),
-    replies read on the calling thread."""
-
-    def __init__(self, stub: Any) -> None:
-        self._requests: queue.SimpleQueue[pb.EncodeRequest | None] = queue.SimpleQueue()
-        self._replies = stub.EncodeSession(iter(self._requests.get, None))
-
-    @property
-    def open(self) -> bool:
-        return not self._replies.done()
-
-    def ask(self, request: pb.EncodeRequest) -> pb.SessionReply:
-        self._requests.put(request)
-        try:
-            return next(self._replies)  # type: ignore[no-any-return]
-        except StopIteration:  # ended by the daemon without reading it: it is shutting down
-            raise SidecarUnavailable("the daemon ended the session; it is shutting down") from None
-
-    def end(self, *, cancel: bool = False) -> None:
-        if cancel:
-            self._replies.cancel()
-        self._requests.put(None)  # the end of the requests; gRPC's sending thread stops

@@ -27,6 +27,7 @@ class Attachment:
     lease_ttl: float
     max_lease_wait: float
     server_version: str
+    framed_reply_max_bytes: int = 0  # the framed socket's largest reply (0: none served)
 
     @property
     def pool_bytes(self) -> int:

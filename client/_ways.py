@@ -1,8 +1,8 @@
-"""The five ways an encode goes to the daemon, behind one interface (`SendWay`); which
+"""The three ways an encode goes to the daemon, behind one interface (`SendWay`); which
 one, `_choice.choose_way` says.
 
-Four send the video as one EncodeRequest, its frames already in leases (`RequestWay`
-does the leasing) and differ only in how they ask; the fifth streams the frames.
+Two send the video as one EncodeRequest, its frames already in leases (`RequestWay` does
+the leasing), and differ only in how they ask; the third streams the frames.
 """
 
 from __future__ import annotations
@@ -11,16 +11,16 @@ from sidecar.api.v1 import sidecar_pb2 as pb
 
 from ._choice import WayName
 from ._core import ClientCore
-from ._encode import EncodeJob, Outgoing, RequestWay, SendWay
-from ._errors import error_from_session
-from ._steps import Call, Exchange, Replies, SessionAsk, Steps
+from ._encode import Outgoing, RequestWay, SendJob, SendWay
+from ._errors import error_from_reply
+from ._steps import Exchange, Replies, Steps
 from ._stream import StreamCore
 from ._types import EncodeResult
 
 
-def _take_reply(out: Outgoing, reply: pb.FramedReply | pb.SessionReply) -> None:
+def _take_reply(out: Outgoing, reply: pb.FramedReply) -> None:
     if reply.HasField("error"):
-        raise error_from_session(reply.error)
+        raise error_from_reply(reply.error)
     out.builder.take_result(reply.result)
 
 
@@ -31,28 +31,10 @@ class FramedWay(RequestWay):
     name = WayName.FRAMED
 
     def ask(self, core: ClientCore, out: Outgoing) -> Steps[None]:
-        reply = yield Exchange(out.request, core.framed, out.deadline, out.landing)
+        reply = yield Exchange(
+            out.request, core.framed, out.deadline, core.framed_reply_max, out.landing
+        )
         _take_reply(out, reply)
-
-
-class SessionWay(RequestWay):
-    """A kept EncodeSession call (blocking client only; never with a deadline)."""
-
-    name = WayName.SESSION
-
-    def ask(self, core: ClientCore, out: Outgoing) -> Steps[None]:
-        yield from out.landed_first()
-        _take_reply(out, (yield SessionAsk(out.request)))
-
-
-class OnceWay(RequestWay):
-    """A unary EncodeOnce call: one reply, kept under gRPC's message limit."""
-
-    name = WayName.ONCE
-
-    def ask(self, core: ClientCore, out: Outgoing) -> Steps[None]:
-        yield from out.landed_first()
-        out.builder.take_result((yield Call("EncodeOnce", out.request, out.deadline)))
 
 
 class RepliesWay(RequestWay):
@@ -71,7 +53,7 @@ class StreamWay(SendWay):
 
     name = WayName.STREAM
 
-    def encode(self, core: ClientCore, job: EncodeJob) -> Steps[EncodeResult]:
+    def encode(self, core: ClientCore, job: SendJob) -> Steps[EncodeResult]:
         stream = StreamCore(
             core,
             job.options,
@@ -85,7 +67,5 @@ class StreamWay(SendWay):
         return (yield from stream.whole(job.source))
 
 
-REQUEST_WAYS: dict[WayName, RequestWay] = {
-    way.name: way for way in (FramedWay(), SessionWay(), OnceWay(), RepliesWay())
-}
+REQUEST_WAYS: dict[WayName, RequestWay] = {way.name: way for way in (FramedWay(), RepliesWay())}
 WAYS: dict[WayName, SendWay] = {**REQUEST_WAYS, WayName.STREAM: StreamWay()}

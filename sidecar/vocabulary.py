@@ -27,9 +27,6 @@ ERROR_DETAILS_KEY = "grpc-status-details-bin"
 STALL_TEXT = "nothing in the pool moved"
 # The largest message either end sends or accepts; frames sent inline are split below it.
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
-# The largest reply on the framed socket, which has no gRPC message limit: a one-reply
-# output with no lease to go back in travels inside the reply up to this.
-FRAMED_REPLY_MAX_BYTES = 1024 * 1024 * 1024
 # The framed socket's preamble and framing: `sidecar.api.framing`.
 # `EncodeRequest.landed_count_offset`: the landed-frame count is a little-endian uint32,
 # at an offset that is a multiple of its size.
@@ -271,7 +268,6 @@ __all__ = [
     "ERROR_KEY",
     "EXTENSION_OF",
     "FILE_EXTENSIONS",
-    "FRAMED_REPLY_MAX_BYTES",
     "MAX_MESSAGE_BYTES",
     "PIXEL_FORMATS",
     "PIXEL_FORMAT_BY_PROTO",

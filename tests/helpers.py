@@ -199,18 +199,18 @@ class RawFramed:
 
 
 def recorded_ways(monkeypatch: Any) -> list[str]:
-    """The one-reply way the client's chooser offers for each encode from now on, where
-    its choice turns on it (pytest's `monkeypatch` undoes the recording after the test)."""
-    from client import _choice
+    """The way the client's chooser picks for each encode from now on, by name (pytest's
+    `monkeypatch` undoes the recording after the test)."""
+    from client import _choice, _send
 
     ways: list[str] = []
-    pick = _choice.one_reply_way
+    pick = _choice.choose_way
 
-    def recording(served: frozenset[_choice.WayName], has_deadline: bool) -> str:
-        ways.append(pick(served, has_deadline))
-        return ways[-1]
+    def recording(facts: _choice.SendFacts) -> _choice.WayName:
+        ways.append(pick(facts).value)
+        return pick(facts)
 
-    monkeypatch.setattr(_choice, "one_reply_way", recording)
+    monkeypatch.setattr(_send, "choose_way", recording)
     return ways
 
 

@@ -307,10 +307,12 @@ def test_every_encode_request_is_counted_refused_ones_too(make_daemon) -> None: 
         s = pb_grpc.VideoSidecarStub(channel)
         before = c.status().counters["requests"]
         refused = [
-            lambda: s.EncodeOnce(pb.EncodeRequest(request_id="has space")),
+            lambda: list(s.Encode(pb.EncodeRequest(request_id="has space"))),
             lambda: list(s.Encode(pb.EncodeRequest(request_id="\x1b[2J"))),
             lambda: list(s.EncodeStream(iter([pb.StreamRequest(end=pb.StreamEnd())]))),
-            lambda: channel.unary_unary("/video_sidecar.v1.VideoSidecar/EncodeOnce")(b"\xff\xff"),
+            lambda: list(
+                channel.unary_stream("/video_sidecar.v1.VideoSidecar/Encode")(b"\xff\xff")
+            ),
         ]
         for call in refused:
             with pytest.raises(grpc.RpcError) as err:

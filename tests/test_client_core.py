@@ -21,7 +21,6 @@ from client import (
     ServerError,
     SidecarUnavailable,
 )
-from client._choice import WayName
 from client._core import ClientCore
 from client._errors import error_for
 from client._steps import (
@@ -30,7 +29,6 @@ from client._steps import (
     Exclusive,
     Op,
     Replies,
-    SessionAsk,
     Steps,
     run_awaiting,
     run_blocking,
@@ -177,86 +175,44 @@ def test_calls_refused_together_attach_anew_once() -> None:
     assert c.attachment is not None and c.attachment.client_token == "2" * 32
 
 
-def _ask_one_reply(
-    c: ClientCore, timeout: float | None = None, *, small: bool = True
-) -> Steps[Any]:
+def _ask_one_reply(c: ClientCore, timeout: float | None = None) -> Steps[Any]:
     from client._results import Clock, ResultBuilder
     from client._send import send_request
 
     request = pb.EncodeRequest(client_token="t" * 32)
-    return send_request(c, request, Clock(), ResultBuilder(None), timeout, small=small)
-
-
-def _performing(answers: dict[str, Callable[[], Any]], made: list[str]) -> Callable[[Op], Any]:
-    """A blocking driver that answers each kind of encode call from `answers`."""
-
-    def perform(op: Op) -> Any:
-        name = op.method if isinstance(op, Call) else type(op).__name__
-        made.append(name)
-        if isinstance(op, Replies):
-            op.feed(answers["Replies"]())
-            return None
-        return answers[name]()
-
-    return perform
-
-
-def _unimplemented() -> Any:
-    raise error_for(grpc.StatusCode.UNIMPLEMENTED, "unknown method")
+    return send_request(c, request, Clock(), ResultBuilder(None), timeout)
 
 
 RESULT = pb.EncodeResult(frames=4, data=b"mp4", size_bytes=3)
 
 
-def test_an_older_daemon_gets_the_calls_it_knows() -> None:
-    """A daemon without EncodeSession, then without EncodeOnce, answers UNIMPLEMENTED
-    without seeing the request: the client asks the next way, and remembers."""
-    c, made = core(), []
-    older = {
-        "SessionAsk": _unimplemented,
-        "EncodeOnce": _unimplemented,
-        "Replies": lambda: pb.EncodeEvent(result=RESULT),
-    }
-    for _ in range(2):
-        assert run_blocking(_ask_one_reply(c), _performing(older, made)).frames == 4
-    assert made == ["SessionAsk", "EncodeOnce", "Replies", "Replies"]
-
-    c, made = core(), []
-    newer = {"SessionAsk": lambda: pb.SessionReply(result=RESULT), "EncodeOnce": lambda: RESULT}
-    run_blocking(_ask_one_reply(c), _performing(newer, made))
-    run_blocking(_ask_one_reply(c, timeout=5), _performing(newer, made))  # a deadline
-    assert made == ["SessionAsk", "EncodeOnce"]
-
-
-def test_a_session_error_reply_is_raised_as_the_tree_says() -> None:
-    error = pb.SessionError(
+def test_a_framed_error_reply_is_raised_as_the_tree_says() -> None:
+    error = pb.FramedError(
         code=grpc.StatusCode.NOT_FOUND.value[0],
         message="no lease 'x'",
         reason=pb.ERROR_REASON_LEASE_NOT_FOUND,
     )
-    answers = {"SessionAsk": lambda: pb.SessionReply(error=error)}
+    c = core()
+    c.framed = "/run/x.sock.framed"
     with pytest.raises(NotFound, match="no lease 'x'") as info:
-        run_blocking(_ask_one_reply(core()), _performing(answers, []))
+        run_blocking(_ask_one_reply(c), lambda op: pb.FramedReply(error=error))
     assert info.value.reason is Reason.LEASE_NOT_FOUND
     # A code or reason newer than this client: a ServerError keeping the code, no reason.
-    newer = pb.SessionError(code=42, message="new", reason=999)  # type: ignore[arg-type]
-    answers = {"SessionAsk": lambda: pb.SessionReply(error=newer)}
+    newer = pb.FramedError(code=42, message="new", reason=999)  # type: ignore[arg-type]
     with pytest.raises(ServerError) as unknown:
-        run_blocking(_ask_one_reply(core()), _performing(answers, []))
+        run_blocking(_ask_one_reply(c), lambda op: pb.FramedReply(error=newer))
     assert unknown.value.code is grpc.StatusCode.UNKNOWN and unknown.value.reason is None
 
 
-def test_a_long_video_is_asked_in_one_reply_on_the_framed_socket_only() -> None:
-    """A video whose output may outgrow a gRPC reply goes to the framed socket in one
-    reply; once that socket is unreachable, on an Encode stream, not EncodeSession."""
+def test_one_reply_goes_on_the_framed_socket_then_on_encode_once_it_is_lost() -> None:
+    """Any video answered in one reply goes to the framed socket; once that socket is
+    unreachable, on Encode's reply stream, with or without a deadline."""
     asked: list[str] = []
 
     def perform(op: Op) -> Any:
         if isinstance(op, Exchange):
             asked.append(f"Exchange {op.framed}")
             return pb.FramedReply(result=RESULT)
-        if isinstance(op, SessionAsk):
-            raise AssertionError("a long video on a gRPC session")
         asked.append(op.method if isinstance(op, Call) else type(op).__name__)
         if isinstance(op, Replies):
             op.feed(pb.EncodeEvent(result=RESULT))
@@ -265,10 +221,11 @@ def test_a_long_video_is_asked_in_one_reply_on_the_framed_socket_only() -> None:
 
     c = core()
     c.framed = "/run/x.sock.framed"
-    assert run_blocking(_ask_one_reply(c, small=False), perform).frames == 4
-    c.unimplemented(WayName.FRAMED, "gone")
-    assert run_blocking(_ask_one_reply(c, small=False), perform).frames == 4
-    assert asked == ["Exchange /run/x.sock.framed", "Replies"]
+    assert run_blocking(_ask_one_reply(c, timeout=5), perform).frames == 4
+    c.framed_lost("gone")
+    assert run_blocking(_ask_one_reply(c), perform).frames == 4
+    assert run_blocking(_ask_one_reply(c, timeout=5), perform).frames == 4
+    assert asked == ["Exchange /run/x.sock.framed", "Replies", "Replies"]
 
 
 def _attached(framed_version: int) -> tuple[ClientCore, list[str], Callable[[Op], Any]]:
@@ -298,6 +255,7 @@ def _attached(framed_version: int) -> tuple[ClientCore, list[str], Callable[[Op]
                 instance_id="i",
                 framed_socket="x.sock.framed",
                 framed_version=framed_version,
+                framed_reply_max_bytes=1 << 30,
             )
         return grant if op.method == "Lease" else pb.ReleaseResponse()
 
@@ -332,7 +290,7 @@ def test_an_unreachable_framed_socket_sends_leases_over_grpc_until_the_next_atta
     run_blocking(c.lease(64), perform)
     assert made == ["Attach", "framed:LeaseRequest", "Lease", "Lease"]
     a_lease_error = pb.FramedReply(
-        error=pb.SessionError(
+        error=pb.FramedError(
             code=grpc.StatusCode.RESOURCE_EXHAUSTED.value[0],
             message="pool full",
             reason=pb.ERROR_REASON_POOL_EXHAUSTED,
@@ -381,10 +339,11 @@ def test_frames_still_landing_are_counted_on_the_framed_socket_or_waited_for_fir
                 assert op.landing is landing
                 op.landing()  # as the drivers do, after sending
                 return pb.FramedReply(result=RESULT)
-            assert isinstance(op, SessionAsk)
-            made.append("Exchange session")
+            assert isinstance(op, Replies)
+            made.append("Replies")
             assert landed, "a request on another way before its frames landed"
-            return pb.SessionReply(result=RESULT)
+            op.feed(pb.EncodeEvent(result=RESULT))
+            return None
 
         request = pb.EncodeRequest(client_token="t" * 32, landed_count_offset=64)
         steps = send_request(
@@ -393,7 +352,6 @@ def test_frames_still_landing_are_counted_on_the_framed_socket_or_waited_for_fir
             Clock(),
             ResultBuilder(None),
             None,
-            small=True,
             landing=landing,  # type: ignore[arg-type]
         )
         assert run_blocking(steps, perform).frames == 4
@@ -405,7 +363,7 @@ def test_frames_still_landing_are_counted_on_the_framed_socket_or_waited_for_fir
     assert made == ["Exchange framed", "landed"]
     made.clear()
     ask(c, made, framed_works=False)
-    assert made == ["Exchange framed", "Work", "landed", "Exchange session"]
+    assert made == ["Exchange framed", "Work", "landed", "Replies"]
 
 
 @pytest.mark.parametrize(

@@ -243,7 +243,7 @@ def test_a_large_output_brings_its_previews_in_its_lease(
 
         def without_spare(self: EncodeOptions, *args: Any, **kwargs: Any) -> Any:
             made = request(self, *args, **kwargs)
-            made.data_in_next_lease = False
+            made.next_lease_bytes = 0  # no lease for the next request to come back in
             return made
 
         monkeypatch.setattr(EncodeOptions, "request", without_spare)

@@ -48,7 +48,7 @@ def tmpfs(path: Path, size: str) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
-@pytest.mark.parametrize("timeout", [5, None])  # EncodeOnce calls; a kept EncodeSession call
+@pytest.mark.parametrize("timeout", [5, None])  # with and without a deadline
 def test_daemon_killed_clients_reattach_and_remap(make_daemon, connect, timeout) -> None:  # type: ignore[no-untyped-def]
     d = make_daemon()
     video = moving_pattern(6, 64, 64)

@@ -211,7 +211,7 @@ def test_the_daemon_refuses_a_raw_request_whose_name_disagrees(
     stub, c = raw
     request = raw_request(c, f"{name}/{file}", container)
     with pytest.raises(grpc.RpcError) as info:
-        stub.EncodeOnce(request, timeout=30)
+        list(stub.Encode(request, timeout=30))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert info.value.details().startswith("output.file.path: "), info.value.details()
     assert said in info.value.details()
@@ -219,6 +219,13 @@ def test_the_daemon_refuses_a_raw_request_whose_name_disagrees(
     # Refused before its lease was taken: it is still the client's to release.
     stub.Release(pb.ReleaseRequest(client_token=request.client_token,
                                    lease_id=request.video.ranges[0].lease_id))  # fmt: skip
+
+
+def encoded(stub: pb_grpc.VideoSidecarStub, request: pb.EncodeRequest) -> pb.EncodeResult:
+    """An Encode call's result (its last event)."""
+    events = list(stub.Encode(request, timeout=30))
+    assert events[-1].HasField("result")
+    return events[-1].result
 
 
 @pytest.mark.parametrize(
@@ -232,7 +239,7 @@ def test_a_raw_request_naming_no_container_gets_the_extensions(
     written: str,
 ) -> None:
     stub, c = raw
-    result = stub.EncodeOnce(raw_request(c, f"{name}/{file}", pb.CONTAINER_UNSPECIFIED), timeout=30)
+    result = encoded(stub, raw_request(c, f"{name}/{file}", pb.CONTAINER_UNSPECIFIED))
     assert result.container == written
     data = (daemon.output_dir / name / file).read_bytes()
     assert data[:4] == WEBM_MAGIC if written == "webm" else is_mp4(data)
@@ -244,8 +251,7 @@ def test_bytes_naming_no_container_are_mp4(
     stub, c = raw
     request = raw_request(c, "unused.mp4", pb.CONTAINER_UNSPECIFIED)
     request.output.bytes.SetInParent()
-    request.data_in_result = True
-    result = stub.EncodeOnce(request, timeout=30)
+    result = encoded(stub, request)
     assert result.container == "mp4" and is_mp4(result.data)
 
 

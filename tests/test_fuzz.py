@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import re
 import socket
 import struct
@@ -85,9 +84,6 @@ def stub(daemon: Daemon) -> Iterator[tuple[pb_grpc.VideoSidecarStub, str]]:
         token = attached.client_token
         _ATTACHED[token] = attached
         yield s, token
-        for kept in _SESSIONS.values():
-            kept.requests.put(None)
-        _SESSIONS.clear()
         for connection in _FRAMED.values():
             connection.sock.close()
         _FRAMED.clear()
@@ -103,19 +99,6 @@ def call(fn, request) -> grpc.StatusCode:  # type: ignore[no-untyped-def]
     except grpc.RpcError as err:
         return err.code()  # type: ignore[no-any-return]
     return grpc.StatusCode.OK
-
-
-class Session:
-    """One EncodeSession call kept open across requests, as the client keeps it."""
-
-    def __init__(self, s: pb_grpc.VideoSidecarStub) -> None:
-        self.requests: queue.SimpleQueue[pb.EncodeRequest | None] = queue.SimpleQueue()
-        self.replies = s.EncodeSession(iter(self.requests.get, None), timeout=600)
-
-    def ask(self, request: pb.EncodeRequest) -> grpc.StatusCode:
-        """The request's status code, from its reply; every request gets exactly one."""
-        self.requests.put(request)
-        return reply_code(next(self.replies))
 
 
 class Framed(RawFramed):
@@ -134,8 +117,8 @@ class Framed(RawFramed):
 
 
 def reply_code(reply: Any) -> grpc.StatusCode:
-    """A session or framed reply's status code: OK for an answer, else its error's, which
-    must say why."""
+    """A framed reply's status code: OK for an answer, else its error's, which must say
+    why."""
     if not reply.HasField("error"):
         assert reply.WhichOneof(reply.DESCRIPTOR.oneofs[0].name), reply  # an empty reply
         return grpc.StatusCode.OK
@@ -144,7 +127,6 @@ def reply_code(reply: Any) -> grpc.StatusCode:
     return {c.value[0]: c for c in grpc.StatusCode}[reply.error.code]
 
 
-_SESSIONS: dict[int, Session] = {}
 _ATTACHED: dict[str, pb.AttachResponse] = {}
 
 
@@ -158,10 +140,6 @@ def write_count(token: str, lease: pb.LeaseResponse, offset: int, count: int) ->
 
 
 _FRAMED: dict[str, Framed] = {}
-
-
-def session(s: pb_grpc.VideoSidecarStub) -> Session:
-    return _SESSIONS.setdefault(id(s), Session(s))
 
 
 def framed(daemon: Daemon) -> Framed:
@@ -208,8 +186,7 @@ ranges = st.builds(
     threads=st.one_of(st.just(0), st.integers(0, 2**32 - 1)),
     path=st.one_of(st.none(), HOSTILE_PATHS),
     container=st.integers(-2, 6),
-    data_in=st.tuples(st.booleans(), st.booleans(), st.booleans()),
-    way=st.sampled_from(["Encode", "EncodeOnce", "EncodeSession", "Framed"]),
+    way=st.sampled_from(["Encode", "Framed"]),
     landed=st.one_of(
         st.just(0),
         st.just(0),
@@ -233,7 +210,6 @@ def test_encode_descriptors(
     threads,
     path,
     container,
-    data_in,
     way,
     landed,
 ) -> None:  # type: ignore[no-untyped-def]
@@ -267,19 +243,10 @@ def test_encode_descriptors(
         ),
         codec=options,
         output=output,
-        data_in_result=data_in[0],
-        data_in_lease=data_in[1],  # outputs this small come in the result or in chunks
-        data_in_next_lease=data_in[2],  # no next lease is asked for: no effect
         landed_count_offset=landed,
     )
-    # A session is one call (a framed connection, one connection) for the whole run: no
-    # request's error may end it.
-    if way == "EncodeSession":
-        code = session(s).ask(request)
-    elif way == "Framed":
-        code = framed(daemon).ask(request)
-    else:
-        code = call(getattr(s, way), request)
+    # A framed connection is one for the whole run: no request's error may end it.
+    code = framed(daemon).ask(request) if way == "Framed" else call(getattr(s, way), request)
     COUNTS[code.name] += 1
     assert code in ACCEPTABLE, (code, request)
     if code == grpc.StatusCode.OK:
@@ -532,7 +499,7 @@ def previews(draw) -> pb.Previews:  # type: ignore[no-untyped-def]
 @given(
     asked=previews(),
     frames=st.integers(1, 12),
-    way=st.sampled_from(["Encode", "EncodeOnce", "EncodeSession", "Framed", "EncodeStream"]),
+    way=st.sampled_from(["Encode", "Framed", "EncodeStream"]),
     path=st.one_of(st.none(), st.sampled_from(["p/ok.mp4", "p/ok.webm", "p/../x.mp4"])),
 )
 def test_preview_fields(daemon, stub, asked, frames, way, path) -> None:  # type: ignore[no-untyped-def]
@@ -569,23 +536,11 @@ def test_preview_fields(daemon, stub, asked, frames, way, path) -> None:  # type
             video=pb.VideoDescriptor(fps=fps, ranges=[r], **video),
             output=output,
             previews=asked,
-            data_in_result=True,
         )
-        if way == "EncodeSession":
-            kept = session(s)
-            kept.requests.put(request)
-            reply = next(kept.replies)
-            code = reply_code(reply)
-            results = [reply.result] if code == grpc.StatusCode.OK else []
-        elif way == "Framed":
+        if way == "Framed":
             reply = framed(daemon).exchange(request)
             code = reply_code(reply)
             results = [reply.result] if code == grpc.StatusCode.OK else []
-        elif way == "EncodeOnce":
-            try:
-                results, code = [s.EncodeOnce(request, timeout=30)], grpc.StatusCode.OK
-            except grpc.RpcError as err:
-                code = err.code()
         else:
             try:
                 results = [e.result for e in s.Encode(request, timeout=30) if e.HasField("result")]
@@ -617,9 +572,7 @@ METHODS = {
     "Release": "unary_unary",
     "Status": "unary_unary",
     "Encode": "unary_stream",
-    "EncodeOnce": "unary_unary",
     "EncodeStream": "stream_stream",
-    "EncodeSession": "stream_stream",
 }
 
 
@@ -742,22 +695,8 @@ def test_raw_bytes(daemon: Daemon, stub, method: str, data) -> None:  # type: ig
         elif method.startswith("Encode"):
             code = grpc.StatusCode.OK
             try:
-                if method == "EncodeOnce":
-                    results = [pb.EncodeResult.FromString(fn(messages[0], timeout=30))]
-                elif method == "EncodeSession":  # one reply per message, errors inside
-                    raw = fn(iter(messages), timeout=30)
-                    replies = [pb.SessionReply.FromString(r) for r in raw]
-                    assert len(replies) == len(messages), (replies, messages)
-                    errors = {
-                        {c.value[0]: c for c in grpc.StatusCode}[r.error.code]
-                        for r in replies
-                        if r.HasField("error")
-                    }
-                    assert errors <= ACCEPTABLE | {grpc.StatusCode.RESOURCE_EXHAUSTED}, errors
-                    results = [r.result for r in replies]
-                else:
-                    replies = fn(iter(messages) if method == "EncodeStream" else messages[0])
-                    results = [pb.EncodeEvent.FromString(reply).result for reply in replies]
+                replies = fn(iter(messages) if method == "EncodeStream" else messages[0])
+                results = [pb.EncodeEvent.FromString(reply).result for reply in replies]
                 for result in results:
                     # A flipped byte can ask for a spare lease: give it back too.
                     for spare in (result.next_lease.lease_id, result.data_lease.lease_id):

@@ -19,7 +19,6 @@ from sidecar.pipeline.output.handback import (
 )
 
 MIB = 1024 * 1024
-GRPC = OneReply(7 * MIB)
 FRAMED = OneReply(1023 * MIB, lease_past=MIB)
 
 
@@ -40,31 +39,34 @@ def ways(request: EncodeSpec, size: int, *, whole: bool = True, waiting: int = 0
 
 
 @pytest.mark.parametrize(
-    ("request_", "size", "expected"),
+    ("request_", "size", "whole", "expected"),
     [
-        (spec(), 10, [InChunks]),
-        (spec(data_in_result=True), CHUNK_SIZE, [InResult]),
-        (spec(data_in_result=True), CHUNK_SIZE + 1, [InChunks]),
-        (spec(data_in_result=True, data_in_lease=True), 2 * MIB, [InLease, InChunks]),
-        (spec(one_reply=GRPC), 7 * MIB, [InResult]),
-        (spec(one_reply=GRPC), 7 * MIB + 1, [InLease, TooLarge]),
-        (spec(one_reply=FRAMED), MIB, [InResult]),
-        (spec(one_reply=FRAMED), 2 * MIB, [InLease, InResult]),
-        (spec(one_reply=FRAMED), 1023 * MIB + 1, [InLease, TooLarge]),
+        # A stream's output goes in chunks (its client may not map the slabs).
+        (spec(), 10, False, [InChunks]),
+        (spec(), 2 * MIB, False, [InChunks]),
+        # A whole video's client maps the slabs: small inside the result, else a lease.
+        (spec(), CHUNK_SIZE, True, [InResult]),
+        (spec(), CHUNK_SIZE + 1, True, [InLease, InChunks]),
+        # The framed socket's one reply: past 1 MiB a lease, else inside up to its limit.
+        (spec(one_reply=FRAMED), MIB, True, [InResult]),
+        (spec(one_reply=FRAMED), 2 * MIB, True, [InLease, InResult]),
+        (spec(one_reply=FRAMED), 1023 * MIB + 1, True, [InLease, TooLarge]),
     ],
 )
 def test_each_request_tries_its_ways_in_order(
-    request_: EncodeSpec, size: int, expected: list[type]
+    request_: EncodeSpec, size: int, whole: bool, expected: list[type]
 ) -> None:
-    assert [kind for kind, _ in ways(request_, size)] == expected
+    assert [kind for kind, _ in ways(request_, size, whole=whole)] == expected
 
 
 def test_the_next_lease_comes_first_for_whole_videos_when_none_waits_for_room() -> None:
-    request = spec(data_in_next_lease=True, next_lease_bytes=4 * MIB, one_reply=GRPC)
-    assert ways(request, 2 * MIB) == [(InLease, True), (InResult, None)]
-    assert ways(request, 2 * MIB, whole=False) == [(InResult, None)]
-    assert ways(request, 2 * MIB, waiting=1) == [(InResult, None)]
+    request = spec(next_lease_bytes=4 * MIB, one_reply=FRAMED)
+    assert ways(request, 2 * MIB) == [(InLease, True), (InLease, False), (InResult, None)]
+    assert ways(request, 2 * MIB, waiting=1) == [(InLease, False), (InResult, None)]
     assert ways(request, 32 * 1024) == [(InResult, None)]  # small: quicker inside the result
+    on_encode = spec(next_lease_bytes=4 * MIB)
+    assert ways(on_encode, 2 * MIB) == [(InLease, True), (InLease, False), (InChunks, None)]
+    assert ways(on_encode, 2 * MIB, whole=False) == [(InChunks, None)]
 
 
 def test_an_output_already_sent_has_nothing_left_to_send() -> None:
@@ -72,7 +74,7 @@ def test_an_output_already_sent_has_nothing_left_to_send() -> None:
     handback = OutputHandBack(
         cast(Any, None), cast(Any, None), cast(Any, SimpleNamespace(waiting=0))
     )
-    assert [type(w) for w in handback.ways(spec(one_reply=GRPC), sent, True)] == [InChunks]
+    assert [type(w) for w in handback.ways(spec(one_reply=FRAMED), sent, True)] == [InChunks]
 
 
 def test_the_request_layer_imports_no_av() -> None:

@@ -336,19 +336,16 @@ def test_warm_encoders_change_nothing_but_time(make_daemon, video: np.ndarray) -
     assert not [p for p in Path(saved.path or "").parent.iterdir() if p.name.startswith(".")]
 
 
-@pytest.mark.parametrize("asked", [True, False])
 def test_outputs_come_in_the_result_or_in_a_lease(
-    daemon: Daemon, connect, monkeypatch: pytest.MonkeyPatch, asked: bool
+    daemon: Daemon, connect, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Encode, the reply stream (a caller that wants progress gets it): with
-    `data_in_result` (the client always sets it) a small output saves a reply: it comes
-    in the result. With `data_in_lease` (set when frames go through leases) a large one
-    comes back through shared memory. A client that did not ask gets chunks."""
-    from client._options import EncodeOptions
+    """Encode, the reply stream (a caller that wants progress gets it): a small output
+    saves a reply, coming in the result; a large one comes back through shared memory
+    (the client maps the slabs, as frames in leases say)."""
     from client._results import ResultBuilder
 
     kinds: list[str] = []
-    feed, request = ResultBuilder.feed, EncodeOptions.request
+    feed = ResultBuilder.feed
 
     def recording_feed(self: ResultBuilder, event: Any) -> bytes | None:
         kind = event.WhichOneof("event")
@@ -359,30 +356,20 @@ def test_outputs_come_in_the_result_or_in_a_lease(
             kinds.append(kind)
         return feed(self, event)
 
-    def asking(self: EncodeOptions, *args: Any, **kwargs: Any) -> Any:
-        made = request(self, *args, **kwargs)
-        made.data_in_result = made.data_in_lease = asked
-        made.data_in_next_lease = False  # its own test below
-        return made
-
     monkeypatch.setattr(ResultBuilder, "feed", recording_feed)
-    monkeypatch.setattr(EncodeOptions, "request", asking)
     small = moving_pattern(4, 64, 96)
     rng = np.random.default_rng(7)
     large = rng.integers(0, 256, (12, 256, 320, 3), dtype=np.uint8)  # lossless noise: > 1 MiB
     progress = {"on_progress": lambda done, total: None}
     with connect(daemon) as c:
         small_out = c.encode(small, **progress).data
-        assert kinds == (["result+data"] if asked else ["chunk", "result"])
+        assert kinds == ["result+data"]
         kinds.clear()
-        large_out = c.encode(large, crf=0, **progress).data
+        large_out = c.encode(large, crf=0, preset="ultrafast", **progress).data
         assert large_out is not None and len(large_out) > 1024 * 1024
-        if asked:
-            assert kinds == ["result+lease"]
-        else:
-            assert kinds[-1] == "result" and kinds.count("chunk") >= 2
+        assert kinds in (["result+lease"], ["result+data+lease"])
         status = c.status()
-        assert status.pool["active_leases"] == 1  # the spare: the output's lease went back
+        assert status.pool["active_leases"] <= 1  # the spare: the output's lease went back
     frames, _ = decode(small_out or b"")
     assert len(frames) == 4 and psnr(frames, small) > 35
     assert len(decode(large_out)[0]) == 12
@@ -414,30 +401,23 @@ def _recording_results(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_a_clip_without_progress_gets_one_reply(
     make_daemon, connect, monkeypatch: pytest.MonkeyPatch, framed: bool
 ) -> None:  # type: ignore[no-untyped-def]
-    """A caller that wants no progress and no chunks gets the result as one reply, a file
-    output too. On gRPC (a kept session or a unary call) the output is inside it even
-    past 1 MiB; on the framed socket, past 1 MiB, in a lease the client copies it from
-    and gives back."""
-    from client._options import EncodeOptions
-
-    request = EncodeOptions.request
-
-    def not_in_the_next_lease(self: EncodeOptions, *args: Any, **kwargs: Any) -> Any:
-        made = request(self, *args, **kwargs)
-        made.data_in_next_lease = False  # its own test below
-        return made
-
-    monkeypatch.setattr(EncodeOptions, "request", not_in_the_next_lease)
+    """A caller that wants no progress and no chunks gets the result as one reply on the
+    framed socket, a file output too: past 1 MiB in a lease the client copies it from and
+    gives back. Without the framed socket, Encode's reply stream: small outputs inside
+    the result, large ones in a lease."""
     seen = _recording_results(monkeypatch)
     small = moving_pattern(4, 64, 96)
     noise = np.random.default_rng(5).integers(0, 256, (12, 256, 320, 3), dtype=np.uint8)
     with connect(make_daemon(framed_socket=framed)) as c:
         small_out = c.encode(small).data
-        large_out = c.encode(noise, crf=0).data  # lossless noise: > 1 MiB
+        large_out = c.encode(noise, crf=0, preset="ultrafast").data  # lossless: > 1 MiB
         saved = c.encode(small, path="once/clip.mp4", overwrite=True)
         fmp4 = c.encode(small, container="fmp4").data
         status = c.status()
-    assert seen == ["data", "lease" if framed else "data", "none", "data"]
+    if framed:
+        assert seen == ["data", "lease", "none", "data"]
+    else:  # each result after its reply stream's events; fragmented MP4 streams back
+        assert [s for s in seen if s != "stream"] == ["data", "lease", "none", "none"]
     assert large_out is not None and len(large_out) > 1024 * 1024
     assert len(decode(large_out)[0]) == 12
     for out in (small_out, fmp4, Path(saved.path or "").read_bytes()):
@@ -449,9 +429,9 @@ def test_a_clip_without_progress_gets_one_reply(
 def test_an_output_comes_back_in_the_next_lease(
     daemon: Daemon, connect, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`data_in_next_lease`: an output over 64 KiB comes at the start of the lease granted
-    for the next request; the client copies it out and keeps that lease as its spare, so
-    back-to-back clips need no Release, and nothing more is held."""
+    """An output over 64 KiB comes at the start of the lease granted for the next
+    request; the client copies it out and keeps that lease as its spare, so back-to-back
+    clips need no Release, and nothing more is held."""
     from client._results import ResultBuilder
 
     shared: list[bool] = []
@@ -459,13 +439,13 @@ def test_an_output_comes_back_in_the_next_lease(
 
     def recording(self: ResultBuilder, result: Any) -> None:
         take(self, result)
-        shared.append(self.data_in_next_lease)
+        shared.append(self.output_in_next_lease)
 
     monkeypatch.setattr(ResultBuilder, "take_result", recording)
     noise = np.random.default_rng(11).integers(0, 256, (4, 128, 160, 3), dtype=np.uint8)
     small = moving_pattern(4, 64, 96)  # an output of a few KiB: inside the result
     with connect(daemon) as c:
-        outputs = [c.encode(noise, crf=0).data for _ in range(3)]
+        outputs = [c.encode(noise, crf=0, preset="ultrafast").data for _ in range(3)]
         tiny = c.encode(small).data
         status = c.status()
     assert shared == [True, True, True, False]
@@ -477,33 +457,25 @@ def test_an_output_comes_back_in_the_next_lease(
     assert status.pool["active_leases"] == 1  # the spare, nothing else
 
 
-def test_one_reply_past_7_mib_comes_in_a_lease_or_fails_cleanly(
+def test_one_reply_past_what_a_lease_holds_comes_inside_it_or_fails_cleanly(
     make_daemon, connect, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
-    """On gRPC the client keeps one-reply calls to clips whose output cannot come near one
-    message; asked anyway, the daemon puts a larger output in a lease, and without room
-    for one fails with RESOURCE_EXHAUSTED, frees every lease and keeps serving. (The
-    framed socket has no such limit: see test_framed.)"""
-    import client._encode
-    from client import ResourceExhausted
-
-    monkeypatch.setattr(client._encode, "ONCE_MAX_BYTES", 1 << 40)
+    """On the framed socket an output past 1 MiB goes back in a lease; where no lease can
+    hold it, inside the one reply (there is no gRPC message limit to keep under)."""
     seen = _recording_results(monkeypatch)
     noise = np.random.default_rng(9).integers(0, 256, (6, 720, 1280, 3), dtype=np.uint8)
-    with connect(make_daemon(framed_socket=False)) as c:  # 16 MiB slabs: the ~9 MB output fits one
+    with connect(make_daemon()) as c:  # 16 MiB slabs: the ~9 MB output fits one
         out = c.encode(noise, crf=0, preset="ultrafast").data
         status = c.status()
     assert seen == ["lease"] and out is not None and len(out) > 7 * 1024 * 1024
     assert len(decode(out)[0]) == 6
     assert status.pool["active_leases"] == 1
     seen.clear()
-    small = make_daemon(slabs=16, slab_size="4MiB", framed_socket=False)  # no lease holds it
+    small = make_daemon(slabs=16, slab_size="4MiB")  # no lease holds it
     with connect(small) as c:
-        with pytest.raises(ResourceExhausted, match="too large for one reply"):
-            c.encode(noise, crf=0, preset="ultrafast")
+        inside = c.encode(noise, crf=0, preset="ultrafast").data
         assert c.status().pool["active_leases"] <= 1  # the spare at most
-        again = c.encode(moving_pattern(2, 64, 96)).data
-    assert len(decode(again or b"")[0]) == 2
+    assert seen == ["data"] and inside is not None and len(decode(inside)[0]) == 6
 
 
 def test_an_output_larger_than_a_slab_comes_in_chunks(make_daemon, connect) -> None:  # type: ignore[no-untyped-def]
@@ -520,70 +492,13 @@ def test_an_output_larger_than_a_slab_comes_in_chunks(make_daemon, connect) -> N
     assert status.pool["active_leases"] == 0  # two leases in, none kept, none out
 
 
-def _rgb_request(token: str, lease_id: str, frames: int, width: int, height: int) -> Any:
-    from sidecar.api.v1 import sidecar_pb2 as pb
-
-    video = pb.VideoDescriptor(
-        width=width, height=height, pixel_format=pb.PIXEL_FORMAT_RGB24,
-        fps=pb.Rational(num=24, den=1),
-        ranges=[pb.FrameRange(lease_id=lease_id, frame_count=frames)],
-    )  # fmt: skip
-    output = pb.OutputSpec()
-    output.bytes.SetInParent()
-    return pb.EncodeRequest(client_token=token, video=video, output=output)
-
-
-def test_a_session_answers_each_request_and_outlives_its_errors(daemon: Daemon) -> None:
-    """EncodeSession: one reply per request, in order; a refused request, even bytes that
-    are no message at all, is an error reply and the call goes on; ending the requests
-    ends the call cleanly."""
-    import grpc
-
-    from client import SidecarClient
-    from sidecar.api.v1 import sidecar_pb2 as pb
-
-    clip = moving_pattern(3, 48, 64)
-    with SidecarClient(daemon.socket) as c, grpc.insecure_channel(f"unix:{daemon.socket}") as ch:
-        token = c.attach().client_token
-        leases = [c.lease(clip.nbytes) for _ in range(2)]
-        for lease in leases:
-            lease.array[: clip.nbytes] = clip.reshape(-1)
-        good = [_rgb_request(token, lease.id, 3, 64, 48).SerializeToString() for lease in leases]
-        unknown = _rgb_request(token, "ab" * 16, 3, 64, 48).SerializeToString()
-        session = ch.stream_stream(
-            "/video_sidecar.v1.VideoSidecar/EncodeSession",
-            response_deserializer=pb.SessionReply.FromString,
-        )
-        call = session(iter([unknown, good[0], b"\xff\x00\x01", good[0], good[1]]), timeout=60)
-        replies = list(call)
-        assert call.code() == grpc.StatusCode.OK
-        kinds = [r.WhichOneof("outcome") for r in replies]
-        assert kinds == ["error", "result", "error", "error", "result"]
-        errors = [r.error for r in replies if r.HasField("error")]
-        assert [e.code for e in errors] == [code.value[0] for code in (
-            grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND
-        )]  # fmt: skip
-        assert [pb.ErrorReason.Name(e.reason) for e in errors] == [
-            "ERROR_REASON_LEASE_NOT_FOUND",
-            "ERROR_REASON_INVALID_REQUEST",
-            "ERROR_REASON_LEASE_NOT_FOUND",  # the first good request consumed it
-        ]
-        for reply in (replies[1], replies[4]):
-            frames, _ = decode(reply.result.data)
-            assert len(frames) == 3 and psnr(frames, clip) > 35
-        assert c.status().pool["active_leases"] == 0
-
-
 @pytest.mark.parametrize("framed", [True, False], ids=["framed", "grpc-only"])
-def test_one_reply_encodes_share_kept_sessions(
+def test_one_reply_encodes_share_kept_connections(
     make_daemon, connect, twin: str, framed: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
     """Clips answered in one reply go on kept connections to the daemon's framed socket,
-    one per encode in flight, deadline or not, from either client. Without the framed
-    socket the blocking client keeps EncodeSession calls instead, and a deadline, which a
-    session request cannot carry, makes it an EncodeOnce call; the asyncio client keeps
-    no gRPC sessions (see `AsyncSidecarClient`): EncodeOnce calls. A refused request
-    leaves a kept session usable."""
+    one per encode in flight, deadline or not, from either client; without the framed
+    socket, on Encode. A refused request leaves a kept connection usable."""
     from client import InvalidArgument
 
     ways = recorded_ways(monkeypatch)
@@ -598,43 +513,25 @@ def test_one_reply_encodes_share_kept_sessions(
             outputs = list(pool.map(lambda _: c.encode(clip).data, range(8)))
         timed = c.encode(clip, timeout=30).data
         status = c.status()
-    if framed:
-        assert ways == ["Framed"] * 11
-    else:
-        kept = "EncodeSession" if twin == "sync" else "EncodeOnce"
-        assert ways == [kept] * 10 + ["EncodeOnce"]
+    assert ways == ["Framed" if framed else "Encode"] * 11
     assert all(out == first for out in [*outputs, timed])
     assert len(decode(first or b"")[0]) == 4
     assert status.pool["active_leases"] <= 1  # the spare at most
     assert status.active_encodes == 0
 
 
-def test_shutdown_ends_an_idle_session_at_once(make_daemon, connect) -> None:  # type: ignore[no-untyped-def]
-    """A kept session between requests does not hold the daemon's shutdown: the daemon
-    ends it cleanly (status OK, not cancelled when gRPC's grace runs out), and the
-    client's next encode says the daemon is unavailable."""
-    import queue
-
-    import grpc
-
-    from client import SidecarClient, SidecarUnavailable
-    from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
+def test_shutdown_ends_an_idle_framed_connection_at_once(make_daemon, connect) -> None:  # type: ignore[no-untyped-def]
+    """A kept framed connection between requests does not hold the daemon's shutdown: the
+    daemon ends it, and the client's next encode says the daemon is unavailable."""
+    from client import SidecarUnavailable
 
     d = make_daemon()
     clip = moving_pattern(2, 48, 64)
-    with connect(d) as c, SidecarClient(d.socket) as raw:
-        assert c.encode(clip).frames == 2  # leaves its session open and idle
-        lease = raw.lease(clip.nbytes)
-        lease.array[: clip.nbytes] = clip.reshape(-1)
-        request = _rgb_request(raw.attach().client_token, lease.id, 2, 64, 48)
-        with grpc.insecure_channel(f"unix:{d.socket}") as channel:
-            requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
-            replies = pb_grpc.VideoSidecarStub(channel).EncodeSession(iter(requests.get, None))
-            requests.put(request)
-            assert next(replies).result.frames == 2
-            assert d.stop() == 0
-            assert replies.code() == grpc.StatusCode.OK
-            requests.put(None)
+    with connect(d) as c:
+        assert c.encode(clip).frames == 2  # leaves its connection open and idle
+        began = time.monotonic()
+        assert d.stop() == 0
+        assert time.monotonic() - began < 5  # not held by the idle connection
         with pytest.raises(SidecarUnavailable):
             c.encode(clip)
 

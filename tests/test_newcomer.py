@@ -123,7 +123,7 @@ def test_every_call_on_a_closed_client_raises_sidecar_closed(daemon: Any, connec
 
 
 # The daemon with its framed socket, where one-reply encodes go, and without, where they
-# go over gRPC (a kept EncodeSession call, or EncodeOnce with a timeout).
+# go over gRPC (Encode).
 TRANSPORTS = pytest.mark.parametrize("framed", [True, False], ids=["framed", "grpc"])
 
 
@@ -197,7 +197,7 @@ def test_a_kept_connection_the_daemon_left_unnoticed_is_sent_again(
 
 
 def test_a_request_gRPC_could_not_write_counts_as_unsent() -> None:
-    """A kept EncodeSession call whose daemon died unnoticed: gRPC fails the request's
+    """A kept gRPC connection whose daemon died unnoticed: gRPC fails the request's
     own write, so it never went and is sent again once a daemon answers. A connection
     lost after a request went out is not: the daemon may have taken it."""
     unwritten = "Stream removed (sendmsg: Broken pipe (32))"

@@ -19,7 +19,7 @@ from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
 
 from .requests import LEASE, full_size_requests
-from .wire import Framed, Session
+from .wire import Framed
 
 SERVER_ERRORS = {"UNKNOWN", "INTERNAL", "DATA_LOSS"}
 REFUSED = {"INVALID_ARGUMENT", "NOT_FOUND", "OUT_OF_RANGE", "FAILED_PRECONDITION", "ALREADY_EXISTS"}
@@ -43,7 +43,6 @@ class SoakClient:
         self.offending: Counter[str] = Counter()
         self.problems: list[str] = []
         self.held: set[str] = set()
-        self.session, self.raw_session = Session(self.channel), Session(self.channel, raw=True)
         self.framed = Framed(f"{socket_path}.framed")
         self.left_open: list[socket.socket] = []  # framed connections with a half-sent message
         self.full = full_size_requests(self.token)  # made once: building one holds the GIL
@@ -54,8 +53,6 @@ class SoakClient:
     def close(self) -> None:
         for lease_id in sorted(self.held):
             self.release(lease_id, "cleanup")
-        self.session.close()
-        self.raw_session.close()
         self.framed.close()
         self.raw_framed.close()
         for sock in self.left_open:
@@ -67,7 +64,7 @@ class SoakClient:
     def call(self, kind: str, fn: Callable[..., Any], request: Any, detail: str = "") -> str:
         try:
             result = fn(request, timeout=30)
-            results = [result] if isinstance(result, pb.EncodeResult) else []  # EncodeOnce
+            results = [result] if isinstance(result, pb.EncodeResult) else []  # a framed one
             if not hasattr(result, "DESCRIPTOR") and not isinstance(result, bytes):
                 # A reply stream.
                 results = [e.result for e in result if isinstance(e, pb.EncodeEvent)]

@@ -61,7 +61,7 @@ class FramedFuzzing(SoakClient):
         r = self.r
         kind, (grpc_bytes, framed_bytes) = r.choice(list(self.full.items()))
         if r.random() < 0.5:
-            self.call(kind + "-grpc", self.channel.unary_unary(SERVICE + "EncodeOnce"), grpc_bytes)
+            self.call(kind + "-grpc", self.channel.unary_stream(SERVICE + "Encode"), grpc_bytes)
             return
         connection = Framed(self.framed.path)
         try:

@@ -48,9 +48,8 @@ class Fuzzer(FramedFuzzing):
         self.settle("descriptor", lease.lease_id, code)
 
     def encode_method(self) -> Callable[..., Any]:
-        """Encode (a reply stream), EncodeOnce (one reply), or a request on the kept
-        EncodeSession call or framed connection, at random."""
-        return self.r.choice([self.stub.Encode, self.stub.EncodeOnce, self.session, self.framed])
+        """Encode (a reply stream) or a request on the kept framed connection, at random."""
+        return self.r.choice([self.stub.Encode, self.framed])
 
     def audio(self, target: pb.EncodeRequest | pb.StreamHeader) -> tuple[list[pb.AudioData], str]:
         r = self.r
@@ -74,8 +73,6 @@ class Fuzzer(FramedFuzzing):
         request.codec.CopyFrom(pb.CodecOptions(codec=codec, extra=options))
         request.output.container = CONTAINERS[container]  # type: ignore[assignment]
         request.next_lease_bytes = r.choice([0, 0, LEASE])
-        request.data_in_result, request.data_in_lease = r.random() < 0.5, r.random() < 0.5
-        request.data_in_next_lease = r.random() < 0.5
         if r.random() < 0.3:
             request.output.file.path = f"soak/{self.seed}-{r.randrange(20)}.{container}"
             request.output.file.overwrite = r.random() < 0.7
@@ -155,8 +152,8 @@ class Fuzzer(FramedFuzzing):
         elif method == "EncodeStream":
             bidi = self.channel.stream_stream(SERVICE + method)
             fn = lambda p, timeout: bidi(iter([p, payload]), timeout=timeout)  # noqa: E731
-        elif method == "EncodeSession":
-            fn = self.r.choice([self.raw_session, self.raw_framed])
+        elif method == "Framed":
+            fn = self.raw_framed
         self.call(f"raw-{method}", fn, payload)
 
     def huge(self) -> None:

@@ -1,8 +1,7 @@
-"""The fuzz soak's transports: an EncodeSession call and a framed connection kept open."""
+"""The fuzz soak's transports: a framed connection kept open, and what its errors read as."""
 
 from __future__ import annotations
 
-import queue
 import socket
 from typing import Any
 
@@ -12,46 +11,19 @@ from sidecar.api import framing
 from sidecar.api.v1 import sidecar_pb2 as pb
 
 SERVICE = "/video_sidecar.v1.VideoSidecar/"
-METHODS = [
-    "Attach", "Lease", "Release", "Status", "Encode", "EncodeOnce", "EncodeStream",
-    "EncodeSession",
-]  # fmt: skip
+METHODS = ["Attach", "Lease", "Release", "Status", "Encode", "EncodeStream", "Framed"]
 
 CODE_OF = {code.value[0]: code for code in grpc.StatusCode}
 
 
 class ReplyError(grpc.RpcError):
-    """An EncodeSession request's error reply, as the status EncodeOnce would end with."""
+    """A framed request's error reply, as the status an Encode call would end with."""
 
-    def __init__(self, error: pb.SessionError) -> None:
+    def __init__(self, error: pb.FramedError) -> None:
         self._code = CODE_OF.get(error.code, grpc.StatusCode.UNKNOWN)
 
     def code(self) -> grpc.StatusCode:
         return self._code
-
-
-class Session:
-    """An EncodeSession call kept open across requests, as the client keeps it; `raw`
-    sends bytes as given."""
-
-    def __init__(self, channel: grpc.Channel, raw: bool = False) -> None:
-        method = channel.stream_stream(
-            SERVICE + "EncodeSession",
-            request_serializer=None if raw else pb.EncodeRequest.SerializeToString,
-            response_deserializer=pb.SessionReply.FromString,
-        )
-        self.requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.replies = method(iter(self.requests.get, None))
-
-    def __call__(self, request: Any, timeout: float | None = None) -> pb.EncodeResult:
-        self.requests.put(request)
-        reply = next(self.replies)
-        if reply.HasField("error"):
-            raise ReplyError(reply.error)
-        return reply.result
-
-    def close(self) -> None:
-        self.requests.put(None)
 
 
 class Framed:
@@ -67,7 +39,7 @@ class Framed:
         data = request if self.raw else pb.FramedRequest(encode=request).SerializeToString()
         reply = self.ask(framing.frame(data), timeout)
         if reply is None:  # hung up where a reply was due: a server error
-            raise ReplyError(pb.SessionError(code=grpc.StatusCode.UNKNOWN.value[0]))
+            raise ReplyError(pb.FramedError(code=grpc.StatusCode.UNKNOWN.value[0]))
         if reply.HasField("error"):
             raise ReplyError(reply.error)
         return reply.result

@@ -1,4 +1,4 @@
-"""What a call's end means for its encodes, and the kept sessions shutdown ends."""
+"""What a call's end means for its encodes, and the kept framed connections shutdown ends."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ DEADLINE_MARGIN_S = 0.05
 class CallEnd:
     """Stops a call's encodes when the call ends early (the client gone, its deadline
     passed). Each encode gets an event of its own, as a job sets its event to stop its own
-    parts when it fails: a kept session's next request must not find it set."""
+    parts when it fails: a kept connection's next request must not find it set."""
 
     def __init__(self, remaining: float | None = None) -> None:
         self.ended = False
@@ -100,16 +100,16 @@ class CallEnd:
             self._deadline.cancel()
 
 
-class Sessions:
-    """The EncodeSession calls between requests, so that shutdown can end them at once
-    instead of waiting out gRPC's grace for calls that will send nothing more."""
+class KeptConnections:
+    """The framed socket's connections between requests, so that shutdown can end them at
+    once instead of waiting for connections that will send nothing more."""
 
     def __init__(self) -> None:
         self._idle: set[asyncio.Task[Any]] = set()
         self._ending = False
 
     async def requests(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        """A session's requests, until the client ends them or the daemon shuts down."""
+        """A connection's requests, until the client ends them or the daemon shuts down."""
         task = asyncio.current_task()
         assert task is not None
         pending = aiter(requests)
@@ -122,7 +122,7 @@ class Sessions:
             except asyncio.CancelledError:
                 if not self._ending:
                     raise
-                task.uncancel()  # our own cancel, from end(): the session ends cleanly
+                task.uncancel()  # our own cancel, from end(): the connection ends cleanly
                 return
             finally:
                 self._idle.discard(task)

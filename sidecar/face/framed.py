@@ -13,7 +13,7 @@ are laid out by `sidecar.api.framing`):
     message: 4-byte big-endian length, then that many bytes
     request: `FramedRequest` (an encode, a lease or a release); reply: `FramedReply`
 
-Exactly one reply per request, in order. Encodes run the same code as EncodeSession's
+Exactly one reply per request, in order. Encodes run the same code as Encode's
 (`VideoSidecarServicer.framed`), leases and releases the same as the unary calls, so
 checks, errors, logs and metrics are the same. A request over `MAX_MESSAGE_BYTES` is
 answered with INVALID_ARGUMENT and the connection ends (what follows cannot be trusted to
@@ -50,7 +50,8 @@ Replies have no gRPC limit to keep under, so no one-reply output is refused for 
 size: up to 1 MiB it comes inside the reply, past that in a lease (one copy in, one
 out: sooner than inside a reply, which costs copies on both sides), and when no lease
 can hold it (larger than a slab, or the pool full) inside the reply again, up to
-`FRAMED_REPLY_MAX_BYTES`. Clients therefore ask here for a long video in one reply too.
+`FRAMED_REPLY_MAX_BYTES`, which Attach announces. Clients ask here for a long video in
+one reply too.
 
 The socket sits next to the gRPC socket, with the same owner, group and mode, so whoever
 may use one may use the other.
@@ -77,9 +78,17 @@ import grpc
 from ..api import framing
 from ..api.v1 import sidecar_pb2 as pb
 from ..pipeline.admission.requests import OneReply
-from ..vocabulary import FRAMED_REPLY_MAX_BYTES, MAX_MESSAGE_BYTES
+from ..vocabulary import MAX_MESSAGE_BYTES
 from .calls import CallEnd
-from .framed_reading import READER_LIMIT, Reader, Request, drain, read_requests, skip
+from .framed_reading import (
+    FRAMED_REPLY_MAX_BYTES,
+    READER_LIMIT,
+    Reader,
+    Request,
+    drain,
+    read_requests,
+    skip,
+)
 from .framed_watch import Handed, Watch, granted
 from .servicer import VideoSidecarServicer
 
@@ -240,7 +249,7 @@ class FramedServer:
             if length <= MAX_MESSAGE_BYTES:
                 await skip(reader, length)
             watch.done()
-            error = pb.SessionError(code=_RESOURCE_EXHAUSTED, message=why)
+            error = pb.FramedError(code=_RESOURCE_EXHAUSTED, message=why)
             writer.write(framing.pack(pb.FramedReply(error=error)))
             await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):

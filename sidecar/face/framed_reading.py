@@ -20,6 +20,10 @@ from .convert import REPEATED_LIMITS
 from .decoding import Decoder, Pending, Undecodable, decode_pending
 from .framed_watch import Handed, Watch
 
+# The largest reply the framed socket sends (an output inside a result), which Attach
+# announces (`framed_reply_max_bytes`): a client reads up to it.
+FRAMED_REPLY_MAX_BYTES = 1024 * 1024 * 1024
+
 # A request larger than this is read in pieces of at most this into memory of its own
 # (anonymous, mapped for it): only the pages its bytes came into are used, and all of it
 # goes back to the system once the request is decoded or its connection ends. The heap

@@ -183,7 +183,7 @@ class Server:
         await self.health.enter_graceful_shutdown()  # every service reports NOT_SERVING
         self.sidecar.stop_accepting()
         if self._servicer is not None:
-            self._servicer.end_idle_sessions()
+            self._servicer.end_idle_connections()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.shutdown_grace
         while self.sidecar.busy and not self.force_exit and loop.time() < deadline:

@@ -25,8 +25,7 @@ from ..errors import Cancelled, InvalidRequest, SidecarError
 from ..pipeline.admission.requests import OneReply, Result
 from ..pool.lease_queue import MAX_REGIONS
 from ..service import Sidecar
-from ..vocabulary import MAX_MESSAGE_BYTES
-from .calls import CallEnd, Sessions, after_call, unless_cancelled
+from .calls import CallEnd, KeptConnections, after_call, unless_cancelled
 from .convert import (
     attachment_to_proto,
     encode_spec_from_proto,
@@ -38,12 +37,9 @@ from .convert import (
     stream_spec_from_proto,
 )
 from .decoding import Undecodable
+from .framed_reading import FRAMED_REPLY_MAX_BYTES
 from .outcomes import EncodeCall, Observer, Outcomes, check_request_id, request_id_for
-from .status_codes import error_trailers, errors_by_code, forget_frames, session_error, status_of
-
-# A one-reply gRPC call's result: its output inside the one message, with room left for
-# its other fields.
-GRPC_ONE_REPLY = OneReply(MAX_MESSAGE_BYTES - 1024 * 1024)
+from .status_codes import error_trailers, errors_by_code, forget_frames, framed_error, status_of
 
 Sent = list[Callable[[], None]]  # what to run once a reply has gone out
 
@@ -69,7 +65,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
     def __init__(self, sidecar: Sidecar, observer: Observer | None = None) -> None:
         self.sidecar = sidecar
         self._outcomes = Outcomes(sidecar, observer)
-        self._sessions = Sessions()
+        self._connections = KeptConnections()
         self.framed_socket = ""  # the framed socket's file name, once it listens
 
     def _recorded(self, exc: SidecarError) -> SidecarError:
@@ -82,9 +78,9 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         code = status_of(self._recorded(exc))
         await context.abort(code, str(exc), trailing_metadata=error_trailers(exc, code))
 
-    def _error(self, exc: SidecarError) -> pb.SessionError:
-        """A request's error as the reply on a kept session or connection carries it."""
-        return session_error(self._recorded(exc))
+    def _error(self, exc: SidecarError) -> pb.FramedError:
+        """A request's error as the reply on a framed connection carries it."""
+        return framed_error(self._recorded(exc))
 
     # -- unary RPCs ----------------------------------------------------------------------
 
@@ -92,7 +88,9 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
     async def Attach(self, request: pb.AttachRequest, context: Any) -> pb.AttachResponse:
         reply = attachment_to_proto(self.sidecar.attach(request.client_name, request.pid))
         reply.framed_socket = self.framed_socket
-        reply.framed_version = framing.VERSION if self.framed_socket else 0
+        if self.framed_socket:
+            reply.framed_version = framing.VERSION
+            reply.framed_reply_max_bytes = FRAMED_REPLY_MAX_BYTES
         return reply
 
     @_mapped
@@ -131,44 +129,6 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         async for reply in self._replies(encode, context):
             yield reply
 
-    async def EncodeOnce(
-        self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
-    ) -> pb.EncodeResult:
-        received_at = time.perf_counter()
-        encode = self._whole(request, received_at, one_reply=GRPC_ONE_REPLY)
-        with CallEnd.of(context) as end:
-            try:
-                return await self._result(encode, end, after_call(context))
-            except SidecarError as exc:
-                await self._fail(context, exc)
-        return pb.EncodeResult()
-
-    async def EncodeSession(
-        self,
-        requests: AsyncIterator[pb.EncodeRequest | Undecodable],
-        context: grpc.aio.ServicerContext,
-    ) -> AsyncIterator[pb.SessionReply]:
-        with CallEnd.of(context) as end:
-            async for reply, sent in self.session(requests, end):
-                yield reply
-                for action in sent:
-                    action()
-
-    async def session(
-        self, requests: AsyncIterator[pb.EncodeRequest | Undecodable], end: CallEnd
-    ) -> AsyncIterator[tuple[pb.SessionReply, Sent]]:
-        """A kept session's replies, one per request, in order, each with the actions to
-        run once it has gone out."""
-        async for request in self._sessions.requests(requests):
-            sent: Sent = []
-            try:
-                reply = pb.SessionReply(
-                    result=await self._answer(request, end, GRPC_ONE_REPLY, sent)
-                )
-            except SidecarError as exc:  # the request's error, as its reply
-                reply = pb.SessionReply(error=self._error(exc))
-            yield reply, sent
-
     async def framed(
         self,
         requests: AsyncIterator[pb.FramedRequest | Undecodable],
@@ -176,10 +136,10 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         *,
         one_reply: OneReply,
     ) -> AsyncIterator[tuple[pb.FramedReply, Sent]]:
-        """The framed socket's replies: `session`'s for encodes, whose replies carry
-        outputs as `one_reply` says, with leases and releases between them, each as its
-        unary call would do it."""
-        async for request in self._sessions.requests(requests):
+        """The framed socket's replies, one per request, in order, each with the actions
+        to run once it has gone out: an encode's result, whose output travels as
+        `one_reply` says, or a lease or release as its unary call would do it."""
+        async for request in self._connections.requests(requests):
             sent: Sent = []
             try:
                 reply = await self._framed_reply(request, end, one_reply, sent)
@@ -213,7 +173,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         one_reply: OneReply,
         sent: Sent,
     ) -> pb.EncodeResult:
-        """One encode on a kept session or connection: its result, or its SidecarError."""
+        """One encode on a framed connection: its result, or its SidecarError."""
         received_at = time.perf_counter()
         encode = self._whole(request, received_at, one_reply=one_reply)
         return await self._result(encode, end, sent.append)
@@ -228,10 +188,10 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
                 result = result_to_proto(event)
         return result
 
-    def end_idle_sessions(self) -> None:
-        """At shutdown: end every EncodeSession call between requests, and each other
-        one after its reply."""
-        self._sessions.end()
+    def end_idle_connections(self) -> None:
+        """At shutdown: end every framed connection between requests, and each other one
+        after its reply."""
+        self._connections.end()
 
     def _whole(
         self,

@@ -2,8 +2,8 @@
 
 Each error's reason (`vocabulary.Reason`) travels twice in the trailers: as
 `video-sidecar-error`, and as a google.rpc.Status holding an ErrorInfo (the standard rich
-error model), so clients can tell, say, an unknown token from a busy lease. A kept session
-or the framed socket answers the same as a `SessionError` reply.
+error model), so clients can tell, say, an unknown token from a busy lease. The framed
+socket answers the same as a `FramedError` reply.
 """
 
 from __future__ import annotations
@@ -74,9 +74,9 @@ def error_trailers(exc: SidecarError, code: grpc.StatusCode) -> tuple[tuple[str,
     return ((ERROR_KEY, exc.reason.value), *rpc_status.to_status(rich).trailing_metadata)
 
 
-def session_error(exc: SidecarError) -> pb.SessionError:
-    """What `_fail` would send as the call's status, as an EncodeSession reply."""
-    return pb.SessionError(
+def framed_error(exc: SidecarError) -> pb.FramedError:
+    """What `_fail` would send as a call's status, as a framed socket's reply."""
+    return pb.FramedError(
         code=status_of(exc).value[0],
         message=str(exc),
         reason=exc.reason.proto,

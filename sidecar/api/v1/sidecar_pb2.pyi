@@ -135,7 +135,7 @@ class Limits(_message.Message):
     def __init__(self, max_lease_bytes: _Optional[int] = ..., alignment: _Optional[int] = ..., max_frames: _Optional[int] = ..., max_width: _Optional[int] = ..., max_height: _Optional[int] = ..., max_request_bytes: _Optional[int] = ..., lease_ttl_ms: _Optional[int] = ..., max_lease_wait_ms: _Optional[int] = ...) -> None: ...
 
 class AttachResponse(_message.Message):
-    __slots__ = ("client_token", "instance_id", "shm_dir", "slabs", "limits", "server_version", "framed_socket", "framed_version")
+    __slots__ = ("client_token", "instance_id", "shm_dir", "slabs", "limits", "server_version", "framed_socket", "framed_version", "framed_reply_max_bytes")
     CLIENT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     SHM_DIR_FIELD_NUMBER: _ClassVar[int]
@@ -144,6 +144,7 @@ class AttachResponse(_message.Message):
     SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     FRAMED_SOCKET_FIELD_NUMBER: _ClassVar[int]
     FRAMED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    FRAMED_REPLY_MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     client_token: str
     instance_id: str
     shm_dir: str
@@ -152,7 +153,8 @@ class AttachResponse(_message.Message):
     server_version: str
     framed_socket: str
     framed_version: int
-    def __init__(self, client_token: _Optional[str] = ..., instance_id: _Optional[str] = ..., shm_dir: _Optional[str] = ..., slabs: _Optional[_Iterable[_Union[Slab, _Mapping]]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., server_version: _Optional[str] = ..., framed_socket: _Optional[str] = ..., framed_version: _Optional[int] = ...) -> None: ...
+    framed_reply_max_bytes: int
+    def __init__(self, client_token: _Optional[str] = ..., instance_id: _Optional[str] = ..., shm_dir: _Optional[str] = ..., slabs: _Optional[_Iterable[_Union[Slab, _Mapping]]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., server_version: _Optional[str] = ..., framed_socket: _Optional[str] = ..., framed_version: _Optional[int] = ..., framed_reply_max_bytes: _Optional[int] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
     __slots__ = ("client_token", "size", "wait_ms", "tag", "more_sizes")
@@ -312,7 +314,7 @@ class AudioRange(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
 
 class EncodeRequest(_message.Message):
-    __slots__ = ("client_token", "request_id", "video", "codec", "output", "next_lease_bytes", "audio", "audio_data", "data_in_result", "data_in_lease", "data_in_next_lease", "landed_count_offset", "previews")
+    __slots__ = ("client_token", "request_id", "video", "codec", "output", "next_lease_bytes", "audio", "audio_data", "landed_count_offset", "previews")
     CLIENT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     VIDEO_FIELD_NUMBER: _ClassVar[int]
@@ -321,9 +323,6 @@ class EncodeRequest(_message.Message):
     NEXT_LEASE_BYTES_FIELD_NUMBER: _ClassVar[int]
     AUDIO_FIELD_NUMBER: _ClassVar[int]
     AUDIO_DATA_FIELD_NUMBER: _ClassVar[int]
-    DATA_IN_RESULT_FIELD_NUMBER: _ClassVar[int]
-    DATA_IN_LEASE_FIELD_NUMBER: _ClassVar[int]
-    DATA_IN_NEXT_LEASE_FIELD_NUMBER: _ClassVar[int]
     LANDED_COUNT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     PREVIEWS_FIELD_NUMBER: _ClassVar[int]
     client_token: str
@@ -334,12 +333,9 @@ class EncodeRequest(_message.Message):
     next_lease_bytes: int
     audio: AudioSpec
     audio_data: _containers.RepeatedCompositeFieldContainer[AudioData]
-    data_in_result: bool
-    data_in_lease: bool
-    data_in_next_lease: bool
     landed_count_offset: int
     previews: Previews
-    def __init__(self, client_token: _Optional[str] = ..., request_id: _Optional[str] = ..., video: _Optional[_Union[VideoDescriptor, _Mapping]] = ..., codec: _Optional[_Union[CodecOptions, _Mapping]] = ..., output: _Optional[_Union[OutputSpec, _Mapping]] = ..., next_lease_bytes: _Optional[int] = ..., audio: _Optional[_Union[AudioSpec, _Mapping]] = ..., audio_data: _Optional[_Iterable[_Union[AudioData, _Mapping]]] = ..., data_in_result: _Optional[bool] = ..., data_in_lease: _Optional[bool] = ..., data_in_next_lease: _Optional[bool] = ..., landed_count_offset: _Optional[int] = ..., previews: _Optional[_Union[Previews, _Mapping]] = ...) -> None: ...
+    def __init__(self, client_token: _Optional[str] = ..., request_id: _Optional[str] = ..., video: _Optional[_Union[VideoDescriptor, _Mapping]] = ..., codec: _Optional[_Union[CodecOptions, _Mapping]] = ..., output: _Optional[_Union[OutputSpec, _Mapping]] = ..., next_lease_bytes: _Optional[int] = ..., audio: _Optional[_Union[AudioSpec, _Mapping]] = ..., audio_data: _Optional[_Iterable[_Union[AudioData, _Mapping]]] = ..., landed_count_offset: _Optional[int] = ..., previews: _Optional[_Union[Previews, _Mapping]] = ...) -> None: ...
 
 class Previews(_message.Message):
     __slots__ = ("thumbnail", "sprite_sheet")
@@ -541,15 +537,7 @@ class EncodeResult(_message.Message):
     previews: _containers.RepeatedCompositeFieldContainer[Preview]
     def __init__(self, audio_samples: _Optional[int] = ..., request_id: _Optional[str] = ..., path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., frames: _Optional[int] = ..., duration_s: _Optional[float] = ..., codec: _Optional[str] = ..., container: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., next_lease: _Optional[_Union[LeaseResponse, _Mapping]] = ..., data: _Optional[bytes] = ..., data_lease: _Optional[_Union[LeaseResponse, _Mapping]] = ..., previews: _Optional[_Iterable[_Union[Preview, _Mapping]]] = ...) -> None: ...
 
-class SessionReply(_message.Message):
-    __slots__ = ("result", "error")
-    RESULT_FIELD_NUMBER: _ClassVar[int]
-    ERROR_FIELD_NUMBER: _ClassVar[int]
-    result: EncodeResult
-    error: SessionError
-    def __init__(self, result: _Optional[_Union[EncodeResult, _Mapping]] = ..., error: _Optional[_Union[SessionError, _Mapping]] = ...) -> None: ...
-
-class SessionError(_message.Message):
+class FramedError(_message.Message):
     __slots__ = ("code", "message", "reason", "field")
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
@@ -578,10 +566,10 @@ class FramedReply(_message.Message):
     LEASE_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
     result: EncodeResult
-    error: SessionError
+    error: FramedError
     lease: LeaseResponse
     release: ReleaseResponse
-    def __init__(self, result: _Optional[_Union[EncodeResult, _Mapping]] = ..., error: _Optional[_Union[SessionError, _Mapping]] = ..., lease: _Optional[_Union[LeaseResponse, _Mapping]] = ..., release: _Optional[_Union[ReleaseResponse, _Mapping]] = ...) -> None: ...
+    def __init__(self, result: _Optional[_Union[EncodeResult, _Mapping]] = ..., error: _Optional[_Union[FramedError, _Mapping]] = ..., lease: _Optional[_Union[LeaseResponse, _Mapping]] = ..., release: _Optional[_Union[ReleaseResponse, _Mapping]] = ...) -> None: ...
 
 class EncodeEvent(_message.Message):
     __slots__ = ("progress", "chunk", "result")

@@ -55,16 +55,6 @@ class VideoSidecarStub:
                 request_serializer=video__sidecar_dot_v1_dot_sidecar__pb2.EncodeRequest.SerializeToString,
                 response_deserializer=video__sidecar_dot_v1_dot_sidecar__pb2.EncodeEvent.FromString,
                 _registered_method=True)
-        self.EncodeOnce = channel.unary_unary(
-                '/video_sidecar.v1.VideoSidecar/EncodeOnce',
-                request_serializer=video__sidecar_dot_v1_dot_sidecar__pb2.EncodeRequest.SerializeToString,
-                response_deserializer=video__sidecar_dot_v1_dot_sidecar__pb2.EncodeResult.FromString,
-                _registered_method=True)
-        self.EncodeSession = channel.stream_stream(
-                '/video_sidecar.v1.VideoSidecar/EncodeSession',
-                request_serializer=video__sidecar_dot_v1_dot_sidecar__pb2.EncodeRequest.SerializeToString,
-                response_deserializer=video__sidecar_dot_v1_dot_sidecar__pb2.SessionReply.FromString,
-                _registered_method=True)
         self.EncodeStream = channel.stream_stream(
                 '/video_sidecar.v1.VideoSidecar/EncodeStream',
                 request_serializer=video__sidecar_dot_v1_dot_sidecar__pb2.StreamRequest.SerializeToString,
@@ -120,34 +110,6 @@ class VideoSidecarServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def EncodeOnce(self, request, context):
-        """EncodeOnce is Encode answered in one reply, its result: no progress events, no
-        chunks. It saves a stream's extra round of messages, which a short clip notices. A
-        bytes output comes inside the result (`data`) up to 7 MiB, else in a lease granted
-        to the client (`data_lease`, whatever `data_in_lease` says); when the pool has no
-        room for that either, the call fails with RESOURCE_EXHAUSTED and the output is lost.
-        Clients use it for clips whose output cannot come near that size, and Encode for
-        the rest.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def EncodeSession(self, request_iterator, context):
-        """EncodeSession is EncodeOnce for many requests on one call: the client keeps the call
-        open and sends its next request when the last reply has come, and each request is
-        answered by exactly one reply, in order. A reply holds the request's result, as
-        EncodeOnce's, or its error: a refused or failed request ends neither the call nor the
-        requests after it. A request on an open call skips what a new call costs (some
-        0.3 ms of a short clip on a local socket). Requests on one call are encoded one at a
-        time; a client runs concurrent encodes on separate calls. The call ends when the
-        client ends its requests or cancels it (which stops an encode in progress), or when
-        the daemon shuts down: it ends idle calls at once and the others after their reply.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
     def EncodeStream(self, request_iterator, context):
         """EncodeStream is one encode fed chunk by chunk: a header, then ordered chunks (frames in
         a lease, or inline bytes when shared memory is out of reach), then an end message. One
@@ -188,16 +150,6 @@ def add_VideoSidecarServicer_to_server(servicer, server):
                     servicer.Encode,
                     request_deserializer=video__sidecar_dot_v1_dot_sidecar__pb2.EncodeRequest.FromString,
                     response_serializer=video__sidecar_dot_v1_dot_sidecar__pb2.EncodeEvent.SerializeToString,
-            ),
-            'EncodeOnce': grpc.unary_unary_rpc_method_handler(
-                    servicer.EncodeOnce,
-                    request_deserializer=video__sidecar_dot_v1_dot_sidecar__pb2.EncodeRequest.FromString,
-                    response_serializer=video__sidecar_dot_v1_dot_sidecar__pb2.EncodeResult.SerializeToString,
-            ),
-            'EncodeSession': grpc.stream_stream_rpc_method_handler(
-                    servicer.EncodeSession,
-                    request_deserializer=video__sidecar_dot_v1_dot_sidecar__pb2.EncodeRequest.FromString,
-                    response_serializer=video__sidecar_dot_v1_dot_sidecar__pb2.SessionReply.SerializeToString,
             ),
             'EncodeStream': grpc.stream_stream_rpc_method_handler(
                     servicer.EncodeStream,
@@ -318,60 +270,6 @@ class VideoSidecar:
             '/video_sidecar.v1.VideoSidecar/Encode',
             video__sidecar_dot_v1_dot_sidecar__pb2.EncodeRequest.SerializeToString,
             video__sidecar_dot_v1_dot_sidecar__pb2.EncodeEvent.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def EncodeOnce(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/video_sidecar.v1.VideoSidecar/EncodeOnce',
-            video__sidecar_dot_v1_dot_sidecar__pb2.EncodeRequest.SerializeToString,
-            video__sidecar_dot_v1_dot_sidecar__pb2.EncodeResult.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def EncodeSession(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/video_sidecar.v1.VideoSidecar/EncodeSession',
-            video__sidecar_dot_v1_dot_sidecar__pb2.EncodeRequest.SerializeToString,
-            video__sidecar_dot_v1_dot_sidecar__pb2.SessionReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -109,11 +109,8 @@ class EncodeSpec:
     output: OutputRequest = field(default_factory=OutputRequest)
     audio: AudioRequest = field(default_factory=AudioRequest)
     next_lease_bytes: int = 0  # lease this much for the client's next request when done
-    data_in_result: bool = False  # a one-chunk bytes output may travel in the result
-    data_in_lease: bool = False  # a larger one, in a lease granted to the client
     # Set when the result is the only reply (see `OneReply`); None: replies may be many.
     one_reply: OneReply | None = None
-    data_in_next_lease: bool = False  # an output may go back in the next request's lease
     landed_count_offset: int = 0  # frames still landing, counted there (see landing)
     previews: PreviewRequest = field(default_factory=PreviewRequest)
 

@@ -23,7 +23,7 @@ from ..admission.requests import EncodeSpec
 CHUNK_SIZE = 1024 * 1024  # bytes outputs travel in pieces of this size
 # A result carries previews up to this, below the message limit with room to spare.
 PREVIEWS_IN_RESULT_MAX = 6 * 1024 * 1024
-# Outputs over this go back in the client's next lease when it asks (data_in_next_lease).
+# Outputs over this go back in the client's next lease when it asks for one.
 NEXT_LEASE_DATA_MIN = 64 * 1024
 
 
@@ -103,9 +103,11 @@ class OutputHandBack:
         return handed
 
     def ways(self, spec: EncodeSpec, outcome: EncodeOutcome, whole: bool) -> list[WayBack]:
-        """The ways the output may go back, in the order they are tried. The lease for
-        the client's next request (`whole` encodes only) is tried first; chunks, or a
-        one-reply call's refusal, last."""
+        """The ways the output may go back, in the order they are tried. A whole video's
+        client maps the slabs (its frames came in leases): the lease for its next request
+        is tried first, then the result for a small output, a lease of its own, and
+        chunks (or, on a one-reply transport, the result up to its limit) last. A
+        stream's output goes back in chunks, or in its one reply."""
         if not outcome.unsent:
             return [InChunks()]  # sent already, or a file
         # What one reply would carry: the output and its previews.
@@ -115,9 +117,9 @@ class OutputHandBack:
         if whole and _in_next_lease(spec, outcome) and not self.queue.waiting:
             # The client's next frames go in the same lease, once it has the output.
             ways.append(InLease(self, token, spec.next_lease_bytes, next_lease=True))
-        if size <= _inline_max(spec):
+        if size <= _inline_max(spec, whole):
             return [*ways, InResult()]
-        if spec.data_in_lease or spec.one_reply:
+        if whole:
             ways.append(InLease(self, token))
         if spec.one_reply is None:
             return [*ways, InChunks()]
@@ -156,13 +158,12 @@ class OutputHandBack:
 def _in_next_lease(spec: EncodeSpec, outcome: EncodeOutcome) -> bool:
     """Whether the output goes back in the lease the client's next frames will use: an
     output too small is quicker inside the result."""
-    fits = outcome.size_bytes > NEXT_LEASE_DATA_MIN and outcome.lease_bytes <= spec.next_lease_bytes
-    return spec.data_in_next_lease and fits
+    return outcome.size_bytes > NEXT_LEASE_DATA_MIN and outcome.lease_bytes <= spec.next_lease_bytes
 
 
-def _inline_max(spec: EncodeSpec) -> int:
+def _inline_max(spec: EncodeSpec, whole: bool) -> int:
     """The largest bytes output that travels inside the result while a lease could hold
-    it (-1: none does)."""
+    it (-1: none does: a stream's goes in chunks)."""
     if spec.one_reply is not None:
         return spec.one_reply.inline_max
-    return CHUNK_SIZE if spec.data_in_result else -1
+    return CHUNK_SIZE if whole else -1
