@@ -38,7 +38,8 @@ START_TIMEOUT_S = 60.0  # a first start (slabs made, encoder processes up) takes
 
 
 def state_dir() -> Path:
-    """Where the logs of daemons started for a caller go: $XDG_STATE_HOME/video-sidecar."""
+    """Where the logs of daemons started for a caller (or by the command line) go:
+    $XDG_STATE_HOME/video-sidecar."""
     state = os.environ.get("XDG_STATE_HOME") or os.path.join(
         os.path.expanduser("~"), ".local", "state"
     )

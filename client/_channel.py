@@ -35,7 +35,7 @@ class _Forks:
     that costs no system call (`os.getpid` does), made before every call.
 
     A child also keeps every client's gRPC objects from before the fork (its channel and
-    kept session calls) referenced for good: collected, a call's finalizer would cancel
+    calls) referenced for good: collected, a call's finalizer would cancel
     it, on the connection the child shares with its parent."""
 
     generation = 0

@@ -1,7 +1,7 @@
 """The framed socket's client side: encodes, leases and releases on a plain Unix socket.
 
 A daemon names the socket in its Attach reply (see `sidecar.face.framed` for the protocol,
-and `sidecar.api.framing` for its bytes, which both ends share); this client uses the
+and `sidecar.framing` for its bytes, which both ends share); this client uses the
 socket only when the daemon says it speaks the same protocol. It spares each one-reply
 encode gRPC's threads and HTTP/2 framing: most of what a short clip costs outside the
 daemon, and a long video's output comes back without HTTP/2's flow control (a 1 MB
@@ -29,9 +29,9 @@ from typing import TypeVar
 
 import grpc
 
-from sidecar.api import framing
-from sidecar.api.framing import HEADER_BYTES, PREAMBLE
+from sidecar import framing
 from sidecar.api.v1 import sidecar_pb2 as pb
+from sidecar.framing import HEADER_BYTES, PREAMBLE
 
 from ._errors import DeadlineExceeded, SidecarError, SidecarUnavailable, error_for
 

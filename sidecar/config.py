@@ -9,7 +9,7 @@ Each field becomes a command-line flag (`--slab-size`), an environment variable
 The file is named by `--config` or `VIDEO_SIDECAR_CONFIG`.
 
 The slab pool's `slabs` and `slab_size` default to `auto` (0 here): a Config sizes them
-to the host as it is made (`pool_sizing`), so a Config never holds a 0 there; what chose
+to the host as it is made (`pool/sizing.py`), so a Config never holds a 0 there; what chose
 them is in `pool_reason`.
 """
 
@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import config_sources, pool_sizing
+from . import config_sources
 from .codec.ceiling import (
     DEFAULT_MAX_LOOKAHEAD,
     DEFAULT_MAX_PRESET,
@@ -47,6 +47,7 @@ from .config_values import (
     parse_slab_size,
     parse_slabs,
 )
+from .pool import sizing as pool_sizing
 from .vocabulary import DEFAULT_PROFILE, PROFILES, default_socket
 
 SHM_PREFIX_SHOWN = "video-sidecar-$UID"
@@ -206,7 +207,7 @@ class Storage:
             "group allowed to map the slabs and use the socket (mode 0660)", metavar="GROUP"
         ),
     )
-    # 0 is auto (the text `auto`): sized to the host in __post_init__; see pool_sizing.
+    # 0 is auto (the text `auto`): sized to the host in __post_init__; see pool/sizing.py.
     slabs: int = field(
         default=0,
         metadata=flag(
@@ -290,7 +291,7 @@ class Encoding:
 
 
 @dataclass(frozen=True)
-class Limits:
+class ClientLimits:
     """What one client or request may hold or ask for."""
 
     lease_ttl: float = field(
@@ -360,7 +361,7 @@ class Operations:
 
 
 @dataclass(frozen=True)
-class Config(Operations, Limits, Encoding, Storage, Listening):
+class Config(Operations, ClientLimits, Encoding, Storage, Listening):
     """Every setting; flags, variables and the file are read and written by
     `config_sources`."""
 

@@ -12,10 +12,11 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from . import __version__
+from .codec import memory
 from .codec.ceiling import CostCeiling
 from .codec.frames import Limits
 from .config import Config
@@ -79,10 +80,10 @@ class Sidecar:
         self._accepting = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reaper: asyncio.Task[None] | None = None
+        self._trimmer: asyncio.Task[None] | None = None
         self.activity = Activity()
         self.encodes = Encodes(self)
         # Requests left for a lease refused to their client (request id: why), for the log.
-        self.left_for_room = self.activity.left_for_room
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -102,6 +103,16 @@ class Sidecar:
         self._reaper = asyncio.create_task(
             reap_expired(self.leases, self.activity.alive, self.config.lease_ttl),
             name="lease-reaper",
+        )
+        # Memory given back when idle, and ready encoders closed (--idle-release).
+        self._trimmer = asyncio.create_task(
+            memory.trim_when_idle(
+                lambda: self.busy,
+                lambda: self.stats.requests,
+                release=self.warm.close_ready,
+                release_s=self.config.idle_release,
+            ),
+            name="memory-trimmer",
         )
         self._accepting = True
 
@@ -124,10 +135,11 @@ class Sidecar:
         not stop are left behind, and so are the mappings they may read: the segments are
         unlinked all the same, and the process must then exit without waiting for them."""
         self._accepting = False
-        if self._reaper is not None:
-            self._reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reaper
+        for task in (self._reaper, self._trimmer):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         stuck = self.scheduler.busy
         self.scheduler.close(wait=not stuck)
         self.warm.close()
@@ -183,6 +195,20 @@ class Sidecar:
             raise InvalidRequest("tag", "name a lease by lease_id or by tag, not both")
         else:
             self.leases.release(token, lease_id)
+
+    def free_unread(self, lease_id: str) -> None:
+        """A lease handed over in a reply its client cannot have read (the framed
+        connection ended first): freed, unless the client has used or released it."""
+        self.leases.free_unused(lease_id)
+
+    def on_lease_wait(self, observe: Callable[[float], None]) -> None:
+        """Call `observe` with the seconds of each lease request that waited for room."""
+        self.queue.observe = observe
+
+    def room_wait_ended(self, request_id: str) -> str | None:
+        """Why a request's client stopped waiting for room (its lease wait ran out), once;
+        None if it did not."""
+        return self.activity.left_for_room.pop(request_id, None)
 
     def _seen(self, token: str) -> None:
         """A call from `token`: it must be attached, and its leases stay alive."""

@@ -9,7 +9,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ import av
 import numpy as np
 
 from client import SidecarClient
-from sidecar.api import framing
+from sidecar import framing
 from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.tools.launcher import DaemonProcess, serve_command
 
@@ -133,6 +133,18 @@ def mapped_segments(prefix: str) -> set[tuple[str, str]]:
         if len(fields) == 6 and fields[5].startswith(f"{SHM_DIR}/{prefix}."):
             mapped.add((fields[0], Path(fields[5].removesuffix(" (deleted)")).name))
     return mapped
+
+
+def output_of(events: Iterable[Any]) -> bytes:
+    """A raw `Encode` call's bytes output: inside its result (a small one), or its
+    chunks in order."""
+    chunks: dict[int, bytes] = {}
+    for event in events:
+        if event.HasField("chunk"):
+            chunks[event.chunk.offset] = event.chunk.data
+        elif event.HasField("result") and event.result.data:
+            return bytes(event.result.data)
+    return b"".join(chunks[k] for k in sorted(chunks))
 
 
 def decode(source: bytes | str | Path) -> tuple[np.ndarray, dict[str, Any]]:

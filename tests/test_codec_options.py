@@ -39,7 +39,7 @@ from sidecar.codec.frames import Limits, check_geometry
 from sidecar.errors import InvalidRequest
 
 from .conftest import assert_clean_log, new_prefix
-from .helpers import Daemon, decode
+from .helpers import Daemon, decode, output_of
 
 W = H = 64
 FRAMES = 3  # x265 cannot mux a 2-frame clip into MP4 ("pts/dts pair unsupported")
@@ -586,14 +586,10 @@ def test_daemon_encodes_with_allowed_options(
     s, token = stub
     lease = leased_frames(s, token)
     extra = {"tune": "zerolatency", "x264-params": "keyint=12:ref=2"}
-    data = bytearray()
-    for event in s.Encode(encode_request(token, lease.lease_id, "h264", extra), timeout=30):
-        if event.WhichOneof("event") == "chunk":
-            end = event.chunk.offset + len(event.chunk.data)
-            data[event.chunk.offset : end] = event.chunk.data
-    frames, facts = decode(bytes(data))
+    data = output_of(s.Encode(encode_request(token, lease.lease_id, "h264", extra), timeout=30))
+    frames, facts = decode(data)
     assert frames.shape == (FRAMES, H, W, 3) and facts["codec"] == "h264"
-    settings_text = encoder_settings(bytes(data))
+    settings_text = encoder_settings(data)
     assert "keyint=12" in settings_text and "ref=2" in settings_text
     assert list(cwd.iterdir()) == []
     # The lease went to the encode: releasing it again finds nothing.

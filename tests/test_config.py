@@ -33,7 +33,7 @@ def test_every_field_has_a_flag_and_an_env_twin() -> None:
 
 
 def test_precedence_flag_over_env_over_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sidecar import pool_sizing
+    from sidecar.pool import sizing as pool_sizing
 
     # The default pool is sized to the host (tests/test_pool_sizing.py): pretend one.
     monkeypatch.setattr(pool_sizing, "host_totals", lambda shm_dir: (64 << 30, 128 << 30))
@@ -145,7 +145,7 @@ def test_to_args_turns_settings_into_serve_flags() -> None:
 
 
 def test_help_shows_defaults_and_what_a_size_looks_like(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sidecar import pool_sizing
+    from sidecar.pool import sizing as pool_sizing
 
     # A host with room for 64MiB slabs (a small one says "64MiB; 8MiB here").
     monkeypatch.setattr(pool_sizing, "host_totals", lambda shm_dir: (64 << 30, 128 << 30))

@@ -128,7 +128,7 @@ def test_output_file_size_limit(make_daemon, connect) -> None:
             c.encode(noisy(60), crf=0, path="big/out.mp4")
         assert info.value.reason is Reason.DISK_FULL
         assert [p for p in (d.output_dir / "big").iterdir()] == []
-        # On the same kept session: the failed encode's stop must not stop this one.
+        # On the same kept connection: the failed encode's stop must not stop this one.
         frames, _ = decode(c.encode(moving_pattern(4, 64, 64)).data or b"")
         assert len(frames) == 4
 

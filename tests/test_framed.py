@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from client.patterns import moving_pattern
-from sidecar.api import framing
+from sidecar import framing
 from sidecar.api.v1 import sidecar_pb2 as pb
 
 from .helpers import Daemon, RawFramed, decode, psnr, recorded_ways

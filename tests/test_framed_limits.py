@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from client.patterns import moving_pattern
-from sidecar.api import framing
-from sidecar.api.framing import frame
+from sidecar import framing
 from sidecar.api.v1 import sidecar_pb2 as pb
+from sidecar.framing import frame
 
 from .helpers import Daemon, RawFramed, decode
 

@@ -19,7 +19,7 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sidecar.api import framing
+from sidecar import framing
 from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.codec.codec_options import ALLOWED, KNOWN_DANGEROUS, KNOWN_DANGEROUS_PARAMS

@@ -1,4 +1,4 @@
-"""The ways a bytes output goes back, in the order they are tried (see handback)."""
+"""What carries a bytes output back, in the order they are tried (see handback)."""
 
 from __future__ import annotations
 
@@ -30,11 +30,11 @@ def outcome(size: int) -> EncodeOutcome:
     return EncodeOutcome(4, 0.1, size, "", None, 0, {}, data=b"x" * size)
 
 
-def ways(request: EncodeSpec, size: int, *, whole: bool = True, waiting: int = 0) -> list[Any]:
+def carriers(request: EncodeSpec, size: int, *, whole: bool = True, waiting: int = 0) -> list[Any]:
     handback = OutputHandBack(
         cast(Any, None), cast(Any, None), cast(Any, SimpleNamespace(waiting=waiting))
     )
-    found = handback.ways(request, outcome(size), whole)
+    found = handback.carriers(request, outcome(size), whole)
     return [(type(w), getattr(w, "next_lease", None)) for w in found]
 
 
@@ -53,20 +53,20 @@ def ways(request: EncodeSpec, size: int, *, whole: bool = True, waiting: int = 0
         (spec(one_reply=FRAMED), 1023 * MIB + 1, True, [InLease, TooLarge]),
     ],
 )
-def test_each_request_tries_its_ways_in_order(
+def test_each_request_tries_its_carriers_in_order(
     request_: EncodeSpec, size: int, whole: bool, expected: list[type]
 ) -> None:
-    assert [kind for kind, _ in ways(request_, size, whole=whole)] == expected
+    assert [kind for kind, _ in carriers(request_, size, whole=whole)] == expected
 
 
 def test_the_next_lease_comes_first_for_whole_videos_when_none_waits_for_room() -> None:
     request = spec(next_lease_bytes=4 * MIB, one_reply=FRAMED)
-    assert ways(request, 2 * MIB) == [(InLease, True), (InLease, False), (InResult, None)]
-    assert ways(request, 2 * MIB, waiting=1) == [(InLease, False), (InResult, None)]
-    assert ways(request, 32 * 1024) == [(InResult, None)]  # small: quicker inside the result
+    assert carriers(request, 2 * MIB) == [(InLease, True), (InLease, False), (InResult, None)]
+    assert carriers(request, 2 * MIB, waiting=1) == [(InLease, False), (InResult, None)]
+    assert carriers(request, 32 * 1024) == [(InResult, None)]  # small: quicker inside the result
     on_encode = spec(next_lease_bytes=4 * MIB)
-    assert ways(on_encode, 2 * MIB) == [(InLease, True), (InLease, False), (InChunks, None)]
-    assert ways(on_encode, 2 * MIB, whole=False) == [(InChunks, None)]
+    assert carriers(on_encode, 2 * MIB) == [(InLease, True), (InLease, False), (InChunks, None)]
+    assert carriers(on_encode, 2 * MIB, whole=False) == [(InChunks, None)]
 
 
 def test_an_output_already_sent_has_nothing_left_to_send() -> None:
@@ -74,7 +74,7 @@ def test_an_output_already_sent_has_nothing_left_to_send() -> None:
     handback = OutputHandBack(
         cast(Any, None), cast(Any, None), cast(Any, SimpleNamespace(waiting=0))
     )
-    assert [type(w) for w in handback.ways(spec(one_reply=FRAMED), sent, True)] == [InChunks]
+    assert [type(w) for w in handback.carriers(spec(one_reply=FRAMED), sent, True)] == [InChunks]
 
 
 def test_the_request_layer_imports_no_av() -> None:

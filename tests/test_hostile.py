@@ -19,7 +19,7 @@ from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.vocabulary import ERROR_DOMAIN, ERROR_KEY, Reason
 
-from .helpers import Daemon, decode
+from .helpers import Daemon, decode, output_of
 
 SERVICE = "/video_sidecar.v1.VideoSidecar/"
 UNARY = ("Attach", "Lease", "Release", "Status")
@@ -193,7 +193,7 @@ def test_audio_and_video_may_share_a_lease(daemon, stub, token: str) -> None:
             pb.AudioData(range=pb.AudioRange(lease_id=lz.lease_id, offset=audio_at, size=48000))
         ],
     )
-    data = b"".join(e.chunk.data for e in stub.Encode(request, timeout=30) if e.chunk.data)
+    data = output_of(stub.Encode(request, timeout=30))
     got, _ = decode(data)
     assert len(got) == FRAMES
     assert not released(stub, token, lz.lease_id)  # consumed by the encode
@@ -333,7 +333,7 @@ def test_short_h265_clips_always_mux(daemon, stub, token: str, count: int) -> No
             video=square(lz.lease_id, 64, count),
             codec=pb.CodecOptions(codec="h265"),
         )
-        data = b"".join(e.chunk.data for e in stub.Encode(request, timeout=30) if e.chunk.data)
+        data = output_of(stub.Encode(request, timeout=30))
         got, facts = decode(data)
         assert len(got) == count and facts["codec"] == "hevc"
 

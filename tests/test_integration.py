@@ -268,9 +268,9 @@ def test_close_in_a_forked_child_leaves_the_parents_spare_lease(
         assert c.status().counters["leases_granted"] == granted + 1
 
 
-def test_a_forked_child_encodes_on_its_own_session(daemon: Daemon, video: np.ndarray) -> None:
-    """A child after fork using the inherited client opens its own channel and session;
-    the parent's kept session is left alone and carries on."""
+def test_a_forked_child_encodes_on_its_own_connection(daemon: Daemon, video: np.ndarray) -> None:
+    """A child after fork using the inherited client opens its own channel and connections;
+    the parent's kept connection is left alone and carries on."""
     from client import SidecarClient, SidecarUnavailable
 
     with SidecarClient(daemon.socket) as c:

@@ -7,10 +7,10 @@ import itertools
 
 import pytest
 
-from sidecar import pool_sizing
 from sidecar.config import Config
 from sidecar.config_values import MAX_SLABS, PAGE
-from sidecar.pool_sizing import (
+from sidecar.pool import sizing as pool_sizing
+from sidecar.pool.sizing import (
     REFERENCE_FRAME_BYTES,
     describe_pool,
     host_totals,
@@ -36,6 +36,10 @@ def host(monkeypatch: pytest.MonkeyPatch):
         monkeypatch.setattr(pool_sizing, "host_totals", lambda shm_dir: (shm, memory))
 
     return pretend
+
+
+def described(c: Config) -> list[str]:
+    return describe_pool(c.slabs, c.slab_size, c.pool_reason, c.max_concurrent_encodes)
 
 
 def test_the_reference_video_takes_three_64mib_slabs() -> None:
@@ -165,14 +169,14 @@ def test_config_sizes_the_pool_when_nothing_is_given(host) -> None:
     c = Config.load(parse(["--max-concurrent-encodes", "8"]), {})
     assert (c.slabs, c.slab_size) == (24, 64 * MiB)
     assert c.pool_reason.startswith("sized to this host: ")
-    assert describe_pool(c) == [
+    assert described(c) == [
         "slab pool: 24 x 64MiB = 1.5GiB, sized to this host: 24 slabs of 64MiB for 8 "
         "concurrent 1344x768x122 4:2:0 videos (--max-concurrent-encodes) at 3 slabs each"
     ]
     host(64 * MiB, 128 * GiB)  # Docker
     c = Config(max_concurrent_encodes=8)
     assert (c.slabs, c.slab_size) == (4, 8 * MiB)
-    lines = describe_pool(c)
+    lines = described(c)
     assert len(lines) == 2 and lines[0].startswith("slab pool: 4 x 8MiB = 32MiB, sized")
     assert lines[1] == pool_warning(4, 8 * MiB, 8)
 
@@ -196,14 +200,14 @@ def test_explicit_settings_override(host, tmp_path, argv, env, file) -> None:
     Config.add_config_argument(parser)
     c = Config.load(parser.parse_args(argv), env)
     assert (c.slabs, c.slab_size, c.pool_reason) == (5, 2 * MiB, "")
-    assert describe_pool(c)[0] == "slab pool: 5 x 2MiB = 10MiB, as configured"
+    assert described(c)[0] == "slab pool: 5 x 2MiB = 10MiB, as configured"
 
 
 def test_one_setting_given_the_config_chooses_the_other(host) -> None:
     host(1 * GiB, 128 * GiB)
     c = Config.load(parse(["--max-concurrent-encodes", "8"]), {"VIDEO_SIDECAR_SLABS": "2"})
     assert (c.slabs, c.slab_size) == (2, 64 * MiB)
-    assert describe_pool(c)[0] == (
+    assert described(c)[0] == (
         "slab pool: 2 x 64MiB = 128MiB, --slabs as configured, the slab size chosen for "
         "this host: 64MiB"
     )

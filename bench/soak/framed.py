@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import grpc
 
-from sidecar.api import framing
+from sidecar import framing
 from sidecar.api.v1 import sidecar_pb2 as pb
 
 from .client import SoakClient

@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 
-from sidecar.api import framing
+from sidecar import framing
 from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.tools.launcher import DaemonProcess

@@ -7,7 +7,7 @@ from typing import Any
 
 import grpc
 
-from sidecar.api import framing
+from sidecar import framing
 from sidecar.api.v1 import sidecar_pb2 as pb
 
 SERVICE = "/video_sidecar.v1.VideoSidecar/"

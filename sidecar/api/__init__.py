@@ -1,1 +1,2 @@
-"""Generated gRPC code for the video-sidecar contract."""
+"""Generated gRPC code for the video-sidecar contract, and nothing else (see
+proto/generate.py)."""

@@ -55,7 +55,7 @@ def container_options(
     return options
 
 
-def configure(
+def configure_context(
     ctx: av.VideoCodecContext,
     geometry: Geometry,
     codec: ResolvedCodec,
@@ -110,7 +110,7 @@ class EncodeTimings:
     finalize: float = 0.0
 
 
-def drain(
+def flush_packets(
     ctx: av.VideoCodecContext, check: Callable[[], None] | None = None
 ) -> Generator[av.Packet[Any]]:
     """The packets an encoder still holds at the end, one at a time. PyAV's `encode(None)`
@@ -201,7 +201,7 @@ class VideoEncoder:
         else:
             stream = self._container.add_stream(self.codec.choice.encoder, rate=self.geometry.fps)
         assert isinstance(stream, av.VideoStream)
-        configure(stream.codec_context, self.geometry, self.codec, threads, thread_type)
+        configure_context(stream.codec_context, self.geometry, self.codec, threads, thread_type)
         stream.time_base = stream.codec_context.time_base
         if not self.headers_later:
             open_context(stream.codec_context, self.codec)
@@ -301,7 +301,7 @@ class VideoEncoder:
     def close(self, check: Callable[[], None] | None = None) -> None:
         """Drain the encoders and finish the container (MP4: the index goes up front).
         `check` runs before the drain and between its packets, and may raise to stop: the
-        caller then `abort()`s (see `drain`)."""
+        caller then `abort()`s (see `flush_packets`)."""
         if not self.headers_later:
             self._drain(check)
         t1 = time.perf_counter()
@@ -317,7 +317,7 @@ class VideoEncoder:
         """The video encoder's delayed packets, muxed one by one as they come."""
         encode = mux = 0.0
         t0 = time.perf_counter()
-        for packet in drain(self._stream.codec_context, check):
+        for packet in flush_packets(self._stream.codec_context, check):
             t1 = time.perf_counter()
             encode += t1 - t0
             packet.stream = self._stream

@@ -75,7 +75,7 @@ from typing import Any
 
 import grpc
 
-from ..api import framing
+from .. import framing
 from ..api.v1 import sidecar_pb2 as pb
 from ..pipeline.admission.requests import OneReply
 from ..vocabulary import MAX_MESSAGE_BYTES
@@ -85,7 +85,7 @@ from .framed_reading import (
     READER_LIMIT,
     Reader,
     Request,
-    drain,
+    handed_on,
     read_requests,
     skip,
 )
@@ -270,7 +270,7 @@ class FramedServer:
             if preamble != framing.PREAMBLE:
                 return  # not a protocol we speak: nothing we could answer would be read
             read = asyncio.create_task(read_requests(reader, pending, end, handed, watch))
-            replies = self.servicer.framed(drain(pending), end, one_reply=ONE_REPLY)
+            replies = self.servicer.framed(handed_on(pending), end, one_reply=ONE_REPLY)
             async for reply, sent in replies:
                 leases = granted(reply)
                 if leases:  # before it is written: the client may answer
@@ -285,7 +285,7 @@ class FramedServer:
             if read is not None:
                 read.cancel()
             for lease_id in handed.unread():
-                self.servicer.sidecar.leases.free_unused(lease_id)
+                self.servicer.sidecar.free_unread(lease_id)
             writer.close()
 
 

@@ -11,7 +11,7 @@ import asyncio
 import mmap
 from collections.abc import AsyncIterator
 
-from ..api import framing
+from .. import framing
 from ..api.v1 import sidecar_pb2 as pb
 from ..errors import InvalidRequest
 from ..vocabulary import MAX_MESSAGE_BYTES
@@ -122,7 +122,7 @@ async def skip(reader: asyncio.StreamReader, length: int) -> None:
         length -= len(piece)
 
 
-async def drain(pending: asyncio.Queue[Request | None]) -> AsyncIterator[Request]:
+async def handed_on(pending: asyncio.Queue[Request | None]) -> AsyncIterator[Request]:
     """The queued requests, each taken as it is handed on, until the reading ends."""
     while (request := await pending.get()) is not None:
         pending.task_done()

@@ -73,7 +73,7 @@ class Metrics:
             buckets=BUCKETS,
             registry=self.registry,
         )
-        sidecar.queue.observe = self.lease_wait_seconds.observe
+        sidecar.on_lease_wait(self.lease_wait_seconds.observe)
         self.registry.register(_StateCollector(sidecar, prom))
 
     def observe(self, code: str, seconds: float, frames: int, nbytes: int) -> None:

@@ -54,13 +54,13 @@ def check_request_id(given: str) -> None:
 
 
 class Outcomes:
-    """Relays encodes' events and reports how each ended."""
+    """Encodes' events passed on, and how each ended recorded (log, metrics, totals)."""
 
     def __init__(self, sidecar: Sidecar, observer: Observer | None = None) -> None:
         self.sidecar = sidecar
         self.observer = observer  # e.g. Prometheus metrics
 
-    async def relay(
+    async def recorded(
         self, encode: EncodeCall, end: CallEnd, when_sent: Callable[[Callable[[], None]], None]
     ) -> AsyncIterator[Progress | Chunk | Result]:
         """An encode's domain events, its log line, metrics and count among the totals
@@ -104,7 +104,7 @@ class Outcomes:
             error = f"unexpected {type(exc).__name__}"
             raise EncodeFailed(f"internal error: {error}") from None
         finally:
-            room = self.sidecar.left_for_room.pop(request_id, None)
+            room = self.sidecar.room_wait_ended(request_id)
             if outcome == "CANCELLED" and room is not None:
                 outcome, error = "RESOURCE_EXHAUSTED", f"its client's lease wait ran out: {room}"
             if not counted:

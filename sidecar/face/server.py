@@ -28,7 +28,7 @@ from ..codec import memory
 from ..config import Config
 from ..errors import StartupError
 from ..pool.shm import group_id
-from ..pool_sizing import describe_pool
+from ..pool.sizing import describe_pool
 from ..service import Sidecar
 from ..vocabulary import MAX_MESSAGE_BYTES
 from .framed import FramedServer
@@ -91,14 +91,6 @@ class Server:
         self.install_signal_handlers()
         await self.startup()
         sidecar = self.sidecar
-        trimmer = asyncio.create_task(
-            memory.trim_when_idle(
-                lambda: sidecar.busy,
-                lambda: sidecar.stats.requests,
-                release=sidecar.warm.close_ready,
-                release_s=self.config.idle_release,
-            )
-        )
         try:
             while not self.should_exit:
                 await asyncio.sleep(0.1)
@@ -107,7 +99,6 @@ class Server:
                     log.info("no client has called for %gs (--idle-exit): stopping", idle_exit)
                     self.should_exit = True
         finally:
-            trimmer.cancel()
             await self.shutdown()
 
     # -- phases --------------------------------------------------------------------------
@@ -126,7 +117,11 @@ class Server:
             raise
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        choice, *warning = describe_pool(self.config)  # once it serves: a failed start is one line
+        # Once it serves: a failed start is one line.
+        c = self.config
+        choice, *warning = describe_pool(
+            c.slabs, c.slab_size, c.pool_reason, c.max_concurrent_encodes
+        )
         log.info(choice)
         for line in warning:
             log.warning(line)

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from ..api import framing
+from .. import framing
 from ..api.v1 import sidecar_pb2 as pb
 from ..api.v1 import sidecar_pb2_grpc as pb_grpc
 from ..errors import Cancelled, InvalidRequest, SidecarError
@@ -183,7 +183,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
     ) -> pb.EncodeResult:
         """A one-reply encode's result; progress is not sent: the result is the reply."""
         result = pb.EncodeResult()
-        async for event in self._outcomes.relay(encode, end, when_sent):
+        async for event in self._outcomes.recorded(encode, end, when_sent):
             if isinstance(event, Result):
                 result = result_to_proto(event)
         return result
@@ -247,7 +247,7 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         """A reply stream's messages: the encode's events, and its error as the status."""
         with CallEnd.of(context) as end:
             try:
-                async for event in self._outcomes.relay(encode, end, after_call(context)):
+                async for event in self._outcomes.recorded(encode, end, after_call(context)):
                     yield event_to_proto(event)
             except SidecarError as exc:
                 await self._fail(context, exc)

@@ -127,7 +127,7 @@ class LeaseTable:
         self._regions = SlabRegions(slab_count, slab_size, alignment)
         self._leases: dict[str, Lease] = {}
         self._by_owner: dict[str, dict[str, Lease]] = {}
-        self._tags = LeaseTags(ttl)
+        self._tags: LeaseTags[Lease] = LeaseTags(ttl)
         self._lock = threading.Lock()
         self.on_free = on_free
         self.granted = 0
@@ -354,7 +354,7 @@ class LeaseTable:
         if freed:
             self._freed.add(lease)
         if lease.tag:
-            self._tags.remove(lease)
+            self._tags.remove(lease.owner, lease.tag, lease)
         mine = self._by_owner[lease.owner]
         del mine[lease.id]
         if not mine:

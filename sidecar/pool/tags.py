@@ -4,12 +4,12 @@ given up on it)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Generic, TypeVar
 
 from ..errors import Cancelled, InvalidRequest
 
-if TYPE_CHECKING:
-    from .leases import Lease
+# A lease, as the lease table keeps it; this module needs only to hold and compare them.
+L = TypeVar("L")
 
 # At most this many a client, its oldest forgotten first. A client withdraws one only when
 # a Lease reply was lost, and another client's withdrawals never push out its own.
@@ -45,12 +45,12 @@ class WithdrawnTags:
                 del self._until[owner]
 
 
-class LeaseTags:
+class LeaseTags(Generic[L]):
     """The leases granted under each client's tags, and the tags withdrawn before any
     lease was granted under them. Not thread-safe on its own (the lease table's lock)."""
 
     def __init__(self, ttl: float) -> None:
-        self._leases: dict[tuple[str, str], list[Lease]] = {}
+        self._leases: dict[tuple[str, str], list[L]] = {}
         self._withdrawn = WithdrawnTags(ttl)
 
     def check(self, owner: str, tag: str, now: float) -> None:
@@ -60,19 +60,19 @@ class LeaseTags:
         if (owner, tag) in self._leases:
             raise InvalidRequest("tag", f"{tag!r} already names a lease of this client")
 
-    def add(self, owner: str, tag: str, leases: list[Lease]) -> None:
+    def add(self, owner: str, tag: str, leases: list[L]) -> None:
         self._leases[(owner, tag)] = leases
 
-    def leases(self, owner: str, tag: str) -> list[Lease] | None:
+    def leases(self, owner: str, tag: str) -> list[L] | None:
         """The leases still held under `tag`; None if there are none."""
         return self._leases.get((owner, tag))
 
     def withdraw(self, owner: str, tag: str, now: float) -> None:
         self._withdrawn.add(owner, tag, now)
 
-    def remove(self, lease: Lease) -> None:
-        """`lease` is gone: no longer under its tag."""
-        key = (lease.owner, lease.tag)
+    def remove(self, owner: str, tag: str, lease: L) -> None:
+        """`lease`, granted to `owner` under `tag`, is gone: no longer under its tag."""
+        key = (owner, tag)
         siblings = self._leases[key]
         siblings.remove(lease)
         if not siblings:

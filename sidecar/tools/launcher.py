@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from client import SidecarClient, TransportError
+from client._autostart import state_dir  # one place for where daemons' logs go
 
 from ..config import Config, shm_prefix_for
 from ..config_values import socket_path
@@ -190,14 +191,6 @@ class DaemonProcess:
 
 class DaemonStartError(RuntimeError):
     """A daemon a command needed could not be started; the message says why, in a line."""
-
-
-def state_dir() -> Path:
-    """Where the logs of daemons the CLI started go: $XDG_STATE_HOME/video-sidecar."""
-    state = os.environ.get("XDG_STATE_HOME") or os.path.join(
-        os.path.expanduser("~"), ".local", "state"
-    )
-    return Path(state) / "video-sidecar"
 
 
 auto_shm_prefix = shm_prefix_for  # the name the launcher's callers know it by

@@ -7,7 +7,7 @@ freed, or handed back to the client if nothing was read or its frames may still 
 landing (see landing), and no partial file is left.
 
 How it encodes (an encoder process, a ready encoder, a fresh one, segments) is chosen
-once, when it runs: see ways.
+once, when it runs: see routes, which runs it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ...codec.landing import Landing
 from ...errors import Cancelled, SidecarError
 from ...events import Emit, ProgressReporter
 from ...pool.shm import Slab
-from ..admission.plans import EncodeOutcome, EncodePlan
+from ..admission.plans import EncodePlan
 from ..admission.requests import PreviewImage
 from ..output.files import write_beside
 from ..output.sinks import Made, sink_for
@@ -33,7 +33,6 @@ from ..processes.pool import EncoderProcesses
 from .consume import Handing
 from .failures import classify
 from .feed import End, FrameFeed, InlineFrames, Piece
-from .routes import choose_way
 from .segments import SEGMENTABLE, keyframe_interval, plan_segments
 from .warm import EncoderKey, WarmPool
 
@@ -150,23 +149,14 @@ class EncodeJob:
             self.feed.give_back_all()
         self.feed.release_all()
 
-    def run(
-        self,
-        threads: int,
-        thread_type: str,
-        queue_s: float = 0.0,
-        *,
-        fixed: bool = False,
-        cores: int = 0,
-    ) -> EncodeOutcome:
-        """Encode to the end. `threads` is what a share of the cores calls for, or
-        (`fixed`) a count the request or the configuration asked for, which a ready
-        encoder must match. `cores` is that share (default: `threads`): parallel segments
-        divide it among themselves."""
+    def settle(self, threads: int, thread_type: str, *, fixed: bool, cores: int) -> None:
+        """Its threads, as it starts to run (see `routes.run_job`). `threads` is what a share of
+        the cores calls for, or (`fixed`) a count the request or the configuration asked
+        for, which a ready encoder must match. `cores` is that share (0: `threads`):
+        parallel segments divide it among themselves."""
         self._started = True
         self.threads, self.thread_type, self.fixed_threads = threads, thread_type, fixed
         self.cores = cores or threads
-        return choose_way(self).encode(self, queue_s)
 
     # -- its frames ----------------------------------------------------------------------
 

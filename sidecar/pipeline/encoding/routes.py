@@ -1,9 +1,10 @@
-"""The ways a job encodes, behind one interface, and the one place one is chosen.
+"""The routes a job encodes by, behind one interface, the one place one is chosen, and
+`run_job`, which runs a job by it.
 
 In an encoder process (an MP4 without audio, all of it in leases: see processes), which
 falls back to the daemon when none is free; in the daemon, with a ready encoder from the
 warm pool (a short clip: see warm) or a fresh one; a long video in parallel segments (see
-segments), with either. Every way leaves the job's leases freed or given back once, and
+segments), with either. Every route leaves the job's leases freed or given back once, and
 no partial file.
 """
 
@@ -17,9 +18,9 @@ from ...codec.encoder import EncodeTimings, VideoEncoder
 from ...errors import Cancelled, InvalidRequest
 from ...events import ProgressReporter
 from ..admission.plans import EncodeOutcome
-from ..processes.route import InEncoderProcess
 from .consume import encode_pieces
 from .feed import End
+from .process_route import InEncoderProcess
 from .segments import encode_segments, frame_lookup
 from .warm import WarmPool, open_in_memory, opener_for
 
@@ -27,13 +28,27 @@ if TYPE_CHECKING:
     from .jobs import EncodeJob
 
 
-class EncodeWay(Protocol):
+class EncodeRoute(Protocol):
     def encode(self, job: EncodeJob, queue_s: float) -> EncodeOutcome:
         """Run `job` to its outcome, or raise the error its client is told (bare)."""
         ...
 
 
-def choose_way(job: EncodeJob) -> EncodeWay:
+def run_job(
+    job: EncodeJob,
+    threads: int,
+    thread_type: str,
+    queue_s: float = 0.0,
+    *,
+    fixed: bool = False,
+    cores: int = 0,
+) -> EncodeOutcome:
+    """Encode `job` to the end, on this thread, with these threads (`EncodeJob.settle`)."""
+    job.settle(threads, thread_type, fixed=fixed, cores=cores)
+    return choose_route(job).encode(job, queue_s)
+
+
+def choose_route(job: EncodeJob) -> EncodeRoute:
     """How `job` encodes, chosen once when it runs (its threads settled)."""
     here: InDaemon
     segmented = len(job.segments) > 1

@@ -1,4 +1,4 @@
-"""Admission and scheduling: encoder slots, the threads, and how many threads a job gets.
+"""The scheduling of encodes: encode slots, the threads, and how many threads a job gets.
 
 Encodes run on threads, never on the event loop, so health and status keep answering
 while a long encode runs; PyAV drops the GIL while it converts, encodes and muxes. A job
@@ -28,6 +28,7 @@ from ...config_values import cpu_count
 from ...errors import PoolExhausted, SidecarError
 from ..admission.plans import EncodeOutcome
 from .jobs import EncodeJob
+from .routes import run_job
 
 # Streams at once: each has an encoder thread of its own (waiting between chunks).
 MAX_STREAMS = 64
@@ -138,7 +139,9 @@ class Scheduler:
     ) -> EncodeOutcome:
         threads, thread_type, cores = self.threading(job)
         fixed = bool(job.plan.threads or self.encoder_threads)
-        run = functools.partial(job.run, threads, thread_type, queue_s, fixed=fixed, cores=cores)
+        run = functools.partial(
+            run_job, job, threads, thread_type, queue_s, fixed=fixed, cores=cores
+        )
         future = asyncio.get_running_loop().run_in_executor(executor or self._executor, run)
         try:
             return await asyncio.shield(future)

@@ -33,7 +33,7 @@ import numpy as np
 from ...codec.catalogue import ResolvedCodec
 from ...codec.codec_rules import split_params
 from ...codec.colour import FrameConverter
-from ...codec.encoder import VideoEncoder, configure, drain, open_context
+from ...codec.encoder import VideoEncoder, configure_context, flush_packets, open_context
 from ...codec.landing import Frames
 from ...errors import Cancelled
 
@@ -87,7 +87,7 @@ class SegmentCoder:
     def __init__(self, encoder: VideoEncoder, threads: int) -> None:
         ctx = av.CodecContext.create(encoder.codec.choice.encoder, "w")
         assert isinstance(ctx, av.VideoCodecContext)
-        configure(ctx, encoder.geometry, encoder.codec, threads, "FRAME")
+        configure_context(ctx, encoder.geometry, encoder.codec, threads, "FRAME")
         # Headers out of band, as the container asked of the stream's own encoder.
         ctx.flags |= av.codec.context.Flags.global_header
         open_context(ctx, encoder.codec)
@@ -118,7 +118,7 @@ class SegmentCoder:
             if stopped():
                 raise Cancelled("cancelled by the client")
 
-        packets += drain(self._ctx, check)  # stops between packets too
+        packets += flush_packets(self._ctx, check)  # stops between packets too
         return packets
 
 

@@ -1,9 +1,9 @@
 """How a bytes output goes back with its result: inside it, in a lease granted to the
 client (its next request's, or one of its own), or as chunks before it.
 
-One choice, made once: `OutputHandBack.ways` puts the ways that may take an output in the
-order they are tried (a lease may have no room: then the next). The transport says what
-its reply can carry (`EncodeSpec.one_reply`); this decides which way the output takes.
+One choice, made once: `OutputHandBack.carriers` puts what may carry an output back in
+the order they are tried (a lease may have no room: then the next). The transport says
+what its reply can carry (`EncodeSpec.one_reply`); this decides what carries the output.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ NEXT_LEASE_DATA_MIN = 64 * 1024
 
 @dataclass(frozen=True)
 class HandedBack:
-    """Which way the output took: its bytes inside the result, a lease it is in (the one
+    """What carried the output: its bytes inside the result, a lease it is in (the one
     for the client's next request when `next_lease`), else chunks before the result."""
 
     data: bytes = b""
@@ -41,9 +41,9 @@ class HandedBack:
         return not self.data and self.lease is None
 
 
-class WayBack(Protocol):
+class Carrier(Protocol):
     async def take(self, outcome: EncodeOutcome) -> HandedBack | None:
-        """The output sent this way; None if it cannot go this way (no room)."""
+        """The output carried back; None if this cannot carry it (no room)."""
         ...
 
 
@@ -77,7 +77,7 @@ class TooLarge:
     async def take(self, outcome: EncodeOutcome) -> HandedBack | None:
         raise PoolExhausted(
             f"the output ({outcome.size_bytes} bytes) is too large for one reply and no "
-            "lease has room for it; ask for outputs this large without a one-reply call"
+            "lease has room for it; ask for it by Encode, which sends it in chunks"
         )
 
 
@@ -88,9 +88,9 @@ class OutputHandBack:
         self.queue = queue
 
     async def hand_back(self, spec: EncodeSpec, outcome: EncodeOutcome, whole: bool) -> HandedBack:
-        """Send the bytes output back the first way of `ways` that takes it."""
-        for way in self.ways(spec, outcome, whole):
-            handed = await way.take(outcome)
+        """Send the bytes output back by the first of `carriers` that takes it."""
+        for carrier in self.carriers(spec, outcome, whole):
+            handed = await carrier.take(outcome)
             if handed is not None:
                 break
         else:
@@ -102,8 +102,8 @@ class OutputHandBack:
             )
         return handed
 
-    def ways(self, spec: EncodeSpec, outcome: EncodeOutcome, whole: bool) -> list[WayBack]:
-        """The ways the output may go back, in the order they are tried. A whole video's
+    def carriers(self, spec: EncodeSpec, outcome: EncodeOutcome, whole: bool) -> list[Carrier]:
+        """What may carry the output back, in the order they are tried. A whole video's
         client maps the slabs (its frames came in leases): the lease for its next request
         is tried first, then the result for a small output, a lease of its own, and
         chunks (or, on a one-reply transport, the result up to its limit) last. A
@@ -112,24 +112,24 @@ class OutputHandBack:
             return [InChunks()]  # sent already, or a file
         # What one reply would carry: the output and its previews.
         token, size = spec.client_token, outcome.bytes_back
-        ways: list[WayBack] = []
+        carriers: list[Carrier] = []
         # No spare while others wait for room: it would jump the queue.
         if whole and _in_next_lease(spec, outcome) and not self.queue.waiting:
             # The client's next frames go in the same lease, once it has the output.
-            ways.append(InLease(self, token, spec.next_lease_bytes, next_lease=True))
+            carriers.append(InLease(self, token, spec.next_lease_bytes, next_lease=True))
         if size <= _inline_max(spec, whole):
-            return [*ways, InResult()]
+            return [*carriers, InResult()]
         if whole:
-            ways.append(InLease(self, token))
+            carriers.append(InLease(self, token))
         if spec.one_reply is None:
-            return [*ways, InChunks()]
-        return [*ways, InResult() if size <= spec.one_reply.data_max else TooLarge()]
+            return [*carriers, InChunks()]
+        return [*carriers, InResult() if size <= spec.one_reply.data_max else TooLarge()]
 
     async def in_lease(
         self, token: str, outcome: EncodeOutcome, size: int = 0, *, spare: bool = False
     ) -> Lease | None:
         """A lease for `token` (of `size` bytes, else the output's) holding the bytes output
-        at its start, or None (no room: send it another way)."""
+        at its start, or None (no room: another carrier then)."""
         try:
             lease = self.leases.grant(
                 token, size or outcome.lease_bytes, spare=spare, in_reply=True

@@ -1,5 +1,5 @@
 """Where an encode's output goes while it is made, chosen once per job (`sink_for`): its
-file (a hidden temporary, moved into place once complete: see output), memory (a memfd,
+file (a hidden temporary, moved into place once complete: see files), memory (a memfd,
 sent back once the encode ends: see handback), or chunks sent back as it is made
 (fragmented MP4 to bytes)."""
 

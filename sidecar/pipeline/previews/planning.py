@@ -1,7 +1,7 @@
 """A thumbnail and a sprite sheet, made from the frames the video is encoded from.
 
 `plan_previews` checks a request's previews and settles which frames they show: before
-any memory is touched, like the rest of a request. `preview_taker.PreviewTaker` then
+any memory is touched, like the rest of a request. `making.PreviewTaker` then
 makes them from the frames in the leases, beside the encode.
 
 A stream's length is known only at its end, so there the sprite sheet takes a frame

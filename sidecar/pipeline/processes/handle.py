@@ -1,5 +1,5 @@
 """One encoder process, as the daemon sees it: started, handed jobs, told to stop, and
-killed when it does not (see `processes` for the pool of them, `process_main` for the
+killed when it does not (see `pool` for the pool of them, `main` for the
 process itself)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import NoReturn
 from ...codec.memory import RELEASE_S
 from ...errors import EncodeFailed
 from ..encoding.warm import EncoderKey
-from .main import Answer, Assignment, Prepare, Progress, Ready, Stop
+from .main import Answer, Assignment, FramesEncoded, Prepare, Ready, Stop
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ class EncoderProcess:
                         message.timings_s["open"] += max(0.0, message.received_at - sent_at)
                     self.opening, self.next_key, self.ready_key = True, job.key, None
                     return message
-                if isinstance(message, Progress):
+                if isinstance(message, FramesEncoded):
                     progress(message.frames)
                 else:
                     self._heard(message)

@@ -3,7 +3,7 @@
 Started by `processes.EncoderProcesses` as `python -m sidecar.pipeline.processes.main FD IDLE
 SLAB...`, in its own session (a terminal's Ctrl-C is the daemon's to handle), with one end
 of a socket pair as FD. It maps the slabs once, then serves jobs: an `Assignment` in, an
-`Answer` out, with `Progress` between them on a long encode and a `Stop` from the daemon
+`Answer` out, with `FramesEncoded` between them on a long encode and a `Stop` from the daemon
 ending it early. After each answer it opens the next encoder for the same settings, so the
 open (several milliseconds that hold this process's GIL, not the daemon's) is done before
 the next request for them arrives; it then says `Ready`. A `Prepare` asks it to open one for
@@ -118,7 +118,7 @@ class Answer:
 
 
 @dataclass(frozen=True)
-class Progress:
+class FramesEncoded:
     """Frames encoded so far, sent every `PROGRESS_INTERVAL` during a long encode."""
 
     frames: int
@@ -278,7 +278,7 @@ class _Watch:
                     raise Cancelled("cancelled by the client")
         if now - self._last >= PROGRESS_INTERVAL:
             self._last = now
-            self._conn.send(Progress(self._encoder.frames))
+            self._conn.send(FramesEncoded(self._encoder.frames))
 
 
 def _detail(exc: InvalidRequest) -> str:

@@ -4,7 +4,7 @@ Opening libx264 takes 3-5 ms and PyAV holds the GIL through it, so in one proces
 ready encoder opened for the next request stalls the request being encoded, and eight
 clients' opens and per-frame calls queue behind one lock; eight long videos' per-frame
 calls do too. So every MP4 without audio whose frames are all in leases, and which is not
-cut into segments (see segments), goes to a pool of encoder processes (`process_main`),
+cut into segments (see segments), goes to a pool of encoder processes (`main`),
 each with its own GIL and its own ready encoder. A process answers, then opens its next
 encoder while another takes the next request: back-to-back requests alternate between
 processes and never wait for an open. For that, a request that takes the only encoder

@@ -1,4 +1,4 @@
-"""A job's way to encode is chosen once, in one place (see ways)."""
+"""A job's route to encode by is chosen once, in one place (see routes)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any, cast
 
 import pytest
 
-from sidecar.pipeline.encoding.routes import FreshEncoder, ReadyEncoder, Segments, choose_way
-from sidecar.pipeline.processes.route import InEncoderProcess
+from sidecar.pipeline.encoding.process_route import InEncoderProcess
+from sidecar.pipeline.encoding.routes import FreshEncoder, ReadyEncoder, Segments, choose_route
 
 
 def job(*, segments: int = 1, warmable: bool = False, processes: bool = False) -> Any:
@@ -22,7 +22,7 @@ def job(*, segments: int = 1, warmable: bool = False, processes: bool = False) -
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "way", "here"),
+    ("kwargs", "route", "here"),
     [
         ({}, FreshEncoder, None),
         ({"warmable": True}, ReadyEncoder, None),
@@ -32,18 +32,18 @@ def job(*, segments: int = 1, warmable: bool = False, processes: bool = False) -
         ({"segments": 2, "warmable": True, "processes": True}, Segments, ReadyEncoder),
     ],
 )
-def test_one_function_chooses_the_way(
-    kwargs: dict[str, bool], way: type, here: type | None
+def test_one_function_chooses_the_route(
+    kwargs: dict[str, bool], route: type, here: type | None
 ) -> None:
-    chosen = choose_way(cast(Any, job(**kwargs)))
-    assert type(chosen) is way
+    chosen = choose_route(cast(Any, job(**kwargs)))
+    assert type(chosen) is route
     if here is not None:  # what it opens in the daemon, or falls back to there
         inner = getattr(chosen, "_here", None) or getattr(chosen, "_opener", None)
         assert type(inner) is here
 
 
 def test_a_segmented_video_opens_without_headers_of_its_own() -> None:
-    chosen = choose_way(cast(Any, job(segments=2)))
+    chosen = choose_route(cast(Any, job(segments=2)))
     assert isinstance(chosen, Segments)
     assert getattr(chosen._opener, "_headers_later") is True  # noqa: B009
-    assert getattr(choose_way(cast(Any, job())), "_headers_later") is False  # noqa: B009
+    assert getattr(choose_route(cast(Any, job())), "_headers_later") is False  # noqa: B009

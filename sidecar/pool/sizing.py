@@ -28,12 +28,8 @@ startup.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
-from .config_values import MAX_SLABS, PAGE, format_size
-
-if TYPE_CHECKING:
-    from .config import Config
+from ..config_values import MAX_SLABS, PAGE, format_size
 
 MiB = 1024 * 1024
 REFERENCE = (1344, 768, 122)  # width, height, frames
@@ -203,13 +199,13 @@ def pool_warning(slabs: int, slab_size: int, max_concurrent: int) -> str | None:
     )
 
 
-def describe_pool(config: Config) -> list[str]:
-    """The lines to log at startup: the pool and why it is that size, and the warning
-    of `pool_warning` if there is one."""
-    total = format_size(config.slabs * config.slab_size)
-    why = config.pool_reason or "as configured"
-    lines = [f"slab pool: {config.slabs} x {format_size(config.slab_size)} = {total}, {why}"]
-    warning = pool_warning(config.slabs, config.slab_size, config.max_concurrent_encodes)
+def describe_pool(slabs: int, slab_size: int, reason: str, max_concurrent: int) -> list[str]:
+    """The lines to log at startup: the pool and why it is that size (`reason`; empty: as
+    configured), and the warning of `pool_warning` if there is one."""
+    total = format_size(slabs * slab_size)
+    why = reason or "as configured"
+    lines = [f"slab pool: {slabs} x {format_size(slab_size)} = {total}, {why}"]
+    warning = pool_warning(slabs, slab_size, max_concurrent)
     if warning:
         lines.append(warning)
     return lines

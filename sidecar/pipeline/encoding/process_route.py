@@ -1,4 +1,4 @@
-"""The way to encode in an encoder process (see processes): the job's frames stay in its
+"""The route through an encoder process (see processes): the job's frames stay in its
 leases, a process reads them there, and its answer comes back as bytes or a memfd."""
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from ...events import ProgressReporter
 from ..admission.plans import EncodeOutcome
 from ..admission.requests import PreviewImage
 from ..output.sinks import Made
-from .handle import ProcessGone
-from .main import Answer, Assignment
-from .pool import EncoderProcesses
+from ..processes.handle import ProcessGone
+from ..processes.main import Answer, Assignment
+from ..processes.pool import EncoderProcesses
 
 if TYPE_CHECKING:
-    from ..encoding.jobs import EncodeJob
+    from .jobs import EncodeJob
 
 
 class Fallback(Protocol):

@@ -13,7 +13,7 @@ import struct
 
 from google.protobuf.message import Message
 
-from .v1 import sidecar_pb2 as pb
+from .api.v1 import sidecar_pb2 as pb
 
 PREAMBLE = b"VSF2"  # a connection's first bytes: the protocol it speaks
 PREAMBLE_BYTES = len(PREAMBLE)
