@@ -38,7 +38,7 @@ import av
 import numpy as np
 
 from sidecar.codec.catalogue import CodecSpec
-from sidecar.codec.encoder import configure
+from sidecar.codec.encoder import configure_context
 from sidecar.codec.frames import Limits, check_geometry
 from sidecar.codec.threads import threading_for
 
@@ -79,7 +79,7 @@ def x264_alone(
     geometry = check_geometry(width, height, "yuv420p", Fraction(24), LIMITS)
     ctx = av.CodecContext.create(codec.choice.encoder, "w")
     assert isinstance(ctx, av.VideoCodecContext)
-    configure(ctx, geometry, codec, threads, thread_type)  # as the daemon sets it up
+    configure_context(ctx, geometry, codec, threads, thread_type)  # as the daemon sets it up
     ctx.open()
     size = 0
     t0 = time.perf_counter()
