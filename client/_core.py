@@ -31,7 +31,13 @@ from ._errors import (
     SidecarUnavailable,
     error_from_reply,
 )
-from ._leasing import CLEANUP_TIMEOUT, give_back_all, lease_over_grpc, room_within
+from ._leasing import (
+    CLEANUP_TIMEOUT,
+    REFUSAL_MARGIN_S,
+    give_back_all,
+    lease_over_grpc,
+    room_within,
+)
 from ._options import VideoFormat, check_lease
 from ._results import status_from_proto
 from ._slabs import PROCESS_MAPS
@@ -78,6 +84,9 @@ class ClientCore(AttachedCore):
     def _lease(self, sizes: list[int], wait: float | None, limit: float) -> Steps[list[Lease]]:
         att = yield from self.attach()
         wait_s = self.lease_wait if wait is None else wait
+        # The daemon's refusal, which says what to do, must come back before the call's
+        # own time is up: it waits a little less than that time.
+        wait_s = max(0.0, min(wait_s, limit - REFUSAL_MARGIN_S))
         request = pb.LeaseRequest(
             client_token=att.client_token,
             size=sizes[0],

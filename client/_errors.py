@@ -166,6 +166,20 @@ def error_from_reply(error: pb.FramedError) -> SidecarError:
     return error_for(code, error.message or code.name, reason)
 
 
+def gone_mid_encode(err: BaseException) -> BaseException:
+    """A daemon that went away while it held a request (killed, crashed, its socket
+    gone), said as what the caller must know instead of the transport's words. Refusals
+    keep their own words: they carry a reason, and one never sent says no daemon answers."""
+    cut = isinstance(err, SidecarUnavailable) and err.reason is None and not err.unsent
+    if cut and not str(err).startswith(GONE_TEXT):
+        assert isinstance(err, SidecarUnavailable)
+        err.reword(f"{GONE_TEXT}: the video was not written; send it again ({err.message})")
+    return err
+
+
+GONE_TEXT = "the daemon went away during the encode"
+
+
 def error_from_rpc(err: grpc.RpcError) -> SidecarError:
     """Translate a gRPC error (a failed call of either stack) into the client's tree."""
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN

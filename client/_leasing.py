@@ -20,7 +20,6 @@ from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.vocabulary import STALL_TEXT, Reason
 
 from ._errors import (
-    DeadlineExceeded,
     RequestError,
     ResourceExhausted,
     SidecarError,
@@ -34,6 +33,11 @@ T = TypeVar("T")
 # A cleanup release's own wait: a daemon that answers at all does in about a millisecond,
 # and a hung one should not hold a failing call up for long.
 CLEANUP_TIMEOUT = 2.0
+
+
+# How long before a call's own deadline its wait for room ends: time for the daemon's
+# refusal to come back.
+REFUSAL_MARGIN_S = 0.25
 
 
 def lease_over_grpc(request: pb.LeaseRequest, timeout: float) -> Steps[pb.LeaseResponse]:
@@ -56,16 +60,19 @@ def lease_over_grpc(request: pb.LeaseRequest, timeout: float) -> Steps[pb.LeaseR
 
 
 def room_within(lease: Steps[T], cut: bool, timeout: float | None) -> Steps[T]:
-    """`lease`, whose wait for room was cut short by a call's `timeout` when `cut`: a pool
-    still full when that time is up is the call's deadline passing, not a refusal."""
+    """`lease`, whose wait for room was cut short by a call's `timeout` when `cut`. A pool
+    still full when that time is up stays what it is, `ResourceExhausted` with reason
+    POOL_EXHAUSTED, which says what to do (wait longer, a larger pool), reworded to name
+    the timeout that ended the wait."""
     try:
         return (yield from lease)
     except ResourceExhausted as err:
         if not cut or err.reason is not Reason.POOL_EXHAUSTED or STALL_TEXT in err.message:
             raise
-        raise DeadlineExceeded(
+        err.reword(
             f"the timeout of {timeout:g} s passed while waiting for room in the pool: {err.message}"
-        ) from None
+        )
+        raise
 
 
 def give_back_all(

@@ -30,7 +30,8 @@ RESULT_FIELDS = (
 )  # fmt: skip
 STATUS_FIELDS = (
     "server_version", "instance_id", "uptime_s", "active_encodes", "queued_encodes",
-    "max_concurrent_encodes", "clients", "encoder_processes",
+    "max_concurrent_encodes", "live_clients", "encoder_processes", "clients_attached",
+    "output_dir", "shm_dir", "shm_prefix",
 )  # fmt: skip
 
 

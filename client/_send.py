@@ -21,6 +21,7 @@ from ._encode import (
     SendJob,
     call_encode,
 )
+from ._errors import SidecarUnavailable, gone_mid_encode
 from ._options import EncodeOptions, VideoFormat, VideoGeometry
 from ._plan import fits_in_pool, plan_ranges
 from ._results import Clock, ResultBuilder
@@ -58,7 +59,10 @@ def encode(
     )
     rechoose = functools.partial(request_way, facts)
     job = SendJob(source, options, fmt, pcm, clock, timeout, on_progress, on_chunk, rechoose)
-    return (yield from WAYS[choose_way(facts)].encode(core, job))
+    try:
+        return (yield from WAYS[choose_way(facts)].encode(core, job))
+    except SidecarUnavailable as err:
+        raise gone_mid_encode(err) from None
 
 
 def encode_leased(
@@ -94,4 +98,7 @@ def send_request(
     deadline = timeout or core.timeout
     rechoose = functools.partial(request_way, facts)
     out = Outgoing(request, builder, clock, deadline, landing, rechoose)
-    return (yield from call_encode(core, out, rechoose()))
+    try:
+        return (yield from call_encode(core, out, rechoose()))
+    except SidecarUnavailable as err:
+        raise gone_mid_encode(err) from None

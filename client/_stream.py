@@ -32,7 +32,13 @@ from sidecar.vocabulary import SAMPLE_FORMATS
 
 from ._audio import Pcm, prepare_audio
 from ._core import ClientCore, audio_in
-from ._errors import Cancelled, DeadlineExceeded, InvalidArgument, error_from_rpc
+from ._errors import (
+    Cancelled,
+    DeadlineExceeded,
+    InvalidArgument,
+    error_from_rpc,
+    gone_mid_encode,
+)
 from ._leasing import room_within
 from ._options import EncodeOptions, VideoFormat, VideoGeometry
 from ._plan import copy_step, plan_ranges
@@ -205,7 +211,7 @@ class StreamCore:
         try:
             yield
         except grpc.RpcError as err:
-            self.error = error_from_rpc(err)
+            self.error = gone_mid_encode(error_from_rpc(err))
         except asyncio.CancelledError:
             raise  # the call aborted: its reader task is told so
         except BaseException as err:

@@ -197,11 +197,17 @@ class Status:
     active_encodes: int
     queued_encodes: int
     max_concurrent_encodes: int
-    clients: int
+    # Clients holding a lease, with an encode in flight or waiting for room, or that
+    # called within the last lease TTL.
+    live_clients: int
     counters: dict[str, Any]
     encoder_processes: int = 0  # up and ready for work
     # Lease requests waiting for room, first served first: client, bytes, regions, waited_s.
     lease_waiters: list[dict[str, Any]] = field(default_factory=list)
+    clients_attached: int = 0  # tokens the daemon knows, live or not
+    output_dir: str = ""  # where the daemon writes file outputs
+    shm_dir: str = ""  # where its slabs are, their names beginning with shm_prefix
+    shm_prefix: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

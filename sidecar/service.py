@@ -27,13 +27,14 @@ from .errors import (
     SidecarError,
 )
 from .pipeline.admission.activity import Activity
+from .pipeline.admission.drain import REQUEST_ON_ITS_WAY_S, STOP_TEXT, Drain
 from .pipeline.admission.intake import StreamIntake
 from .pipeline.admission.planner import Accepted, Planner
 from .pipeline.admission.requests import EncodeSpec, Event, StreamMessage
 from .pipeline.encoding.encodes import Encodes
 from .pipeline.encoding.scheduler import Scheduler
 from .pipeline.encoding.warm import WarmPool, first_encode
-from .pipeline.output.files import prepare_root
+from .pipeline.output.files import partial_tag, prepare_root, sweep_partials
 from .pipeline.output.handback import OutputHandBack
 from .pipeline.processes.pool import EncoderProcesses
 from .pipeline.status import RELEASE_ALREADY_FREED, Attachment, Stats, StatusReport
@@ -68,8 +69,15 @@ class Sidecar:
         self.output_root = Path(config.output_dir)
         self.clients = Clients()
         ceiling = CostCeiling(config.max_preset, config.max_lookahead)
+        self.partial_tag = partial_tag(config.shm_dir, config.shm_prefix, self.slabset.instance)
         self.planner = Planner(
-            self.leases, self.slabset, self.limits, self.output_root, ceiling, config.profile
+            self.leases,
+            self.slabset,
+            self.limits,
+            self.output_root,
+            ceiling,
+            config.profile,
+            self.partial_tag,
         )
         self.scheduler = Scheduler(config.max_concurrent_encodes, config.encoder_threads)
         self.warm = WarmPool(config.warm_encoders)
@@ -77,10 +85,12 @@ class Sidecar:
         self.stats = Stats()
         self._started_at = time.monotonic()
         self._last_call = self._started_at  # a client's last call, for `idle_for`
-        self._accepting = False
+        self._accepting = False  # started, and not closed
+        self.drain = Drain()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reaper: asyncio.Task[None] | None = None
         self._trimmer: asyncio.Task[None] | None = None
+        self._sweeper: asyncio.Task[None] | None = None
         self.activity = Activity()
         self.encodes = Encodes(self)
         # Requests left for a lease refused to their client (request id: why), for the log.
@@ -90,7 +100,8 @@ class Sidecar:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         prepare_root(self.output_root)
-        self.slabset.open()
+        self.slabset.open()  # holds the prefix: partial files of another instance are dead
+        self._sweeper = asyncio.create_task(self._sweep_partials(), name="partials-sweep")
         self.queue.start(self._loop)
         self.leases.on_free = self.queue.freed
         self.scheduler.start()
@@ -116,18 +127,46 @@ class Sidecar:
         )
         self._accepting = True
 
-    def stop_accepting(self) -> None:
-        self._accepting = False
+    async def _sweep_partials(self) -> None:
+        """Remove the partial files a killed instance left in the output root, off the
+        loop: a large root takes a while to walk."""
+        try:
+            removed = await asyncio.to_thread(sweep_partials, self.output_root, self.partial_tag)
+        except OSError as exc:
+            log.warning("could not look for partial files of a dead instance: %s", exc)
+            return
+        if removed:
+            shown = ", ".join(repr(name[:120]) for name in removed[:5])
+            more = f" and {len(removed) - 5} more" if len(removed) > 5 else ""
+            log.warning(
+                "removed %d partial files a killed instance left: %s%s", len(removed), shown, more
+            )
+
+    def begin_drain(self) -> None:
+        """Take no new work from now on; finish what is in flight (see `drain`)."""
+        self.drain.begin()
 
     @property
     def busy(self) -> bool:
         """True while any encode is queued or running."""
         return self.scheduler.busy
 
+    @property
+    def in_flight(self) -> bool:
+        """True while work a stop waits for remains: an encode queued or running, a Lease
+        waiting for room, or leases on their way into a request."""
+        return (
+            self.scheduler.busy
+            or self.queue.waiting
+            or self.leases.on_their_way(REQUEST_ON_ITS_WAY_S)
+        )
+
     async def cancel_all(self, timeout: float) -> bool:
-        """Stop every encode still running (its client hears that the daemon is shutting
-        down); False if some encoder thread has not let go within `timeout` seconds."""
-        stopped = ShuttingDown("the daemon is shutting down; this encode was stopped")
+        """Stop every encode still running and refuse every Lease still waiting for room
+        (their clients hear that the daemon is shutting down); False if some encoder
+        thread has not let go within `timeout` seconds."""
+        stopped = self.drain.stopped()
+        self.queue.refuse_all(stopped)
         return await self.scheduler.cancel_all(stopped, timeout)
 
     async def close(self) -> None:
@@ -135,7 +174,7 @@ class Sidecar:
         not stop are left behind, and so are the mappings they may read: the segments are
         unlinked all the same, and the process must then exit without waiting for them."""
         self._accepting = False
-        for task in (self._reaper, self._trimmer):
+        for task in (self._reaper, self._trimmer, self._sweeper):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -150,6 +189,7 @@ class Sidecar:
 
     def attach(self, name: str, pid: int) -> Attachment:
         self._check_accepting()
+        self.drain.check_attach()
         token = self.clients.attach(name, pid, busy=self.leases.owners)
         self._last_call = time.monotonic()
         log.info("client attached: name=%r pid=%d", name[:128], pid)
@@ -167,16 +207,17 @@ class Sidecar:
 
     async def lease(self, token: str, sizes: list[int], wait: float, tag: str = "") -> list[Lease]:
         """Regions of `sizes`, granted together, waiting in the queue at most `wait`
-        seconds for room (see `lease_queue`). While the daemon drains, a client with an
-        encode in flight may still lease (a stream's next chunks), so that the encode
-        finishes within the grace period. `tag`: the client's name for the request, to
-        release its leases by if the reply is lost."""
+        seconds for room (see `lease_queue`). While the daemon drains, a client with work
+        in flight may still lease (see `drain`). `tag`: the client's name for the request,
+        to release its leases by if the reply is lost."""
         check_tag(tag)
         if not 1 <= len(sizes) <= MAX_REGIONS:
             raise InvalidRequest("more_sizes", f"a lease request holds 1-{MAX_REGIONS} regions")
         self.leases.check_sizes(sizes)
-        if not self.activity.working(token):
-            self._check_accepting()
+        self._check_accepting()
+        if self.drain.draining:
+            holding = self.leases.on_their_way(REQUEST_ON_ITS_WAY_S, token)
+            self.drain.check_lease(working=self.activity.working(token), holding=holding)
         self._seen(token)
         with self.activity.waiting(token):
             try:
@@ -258,6 +299,7 @@ class Sidecar:
 
     def _accept(self, spec: EncodeSpec, *, stream: bool = False) -> Accepted:
         self._check_accepting()
+        self.drain.check_encode(leases=len(spec.video.ranges), stream=stream)
         self._seen(spec.client_token)
         return self.planner.accept(spec, stream=stream)
 
@@ -288,7 +330,10 @@ class Sidecar:
             queued_encodes=self.scheduler.queued,
             max_concurrent_encodes=self.config.max_concurrent_encodes,
             encoder_processes=self.processes.ready,
-            clients=len(self.clients),
+            live_clients=self.clients.live(
+                self.config.lease_ttl, self.leases.owners() | self.activity.alive()
+            ),
+            clients_attached=len(self.clients),
             stats=self.stats,
             leases_granted=self.leases.granted,
             leases_expired=self.leases.expired,
@@ -298,11 +343,14 @@ class Sidecar:
             process_encodes=self.processes.hits + self.processes.misses,
             lease_waiters=self.queue.waiters(),
             lease_queue=self.queue.stats,
+            output_dir=str(self.output_root.resolve()),
+            shm_dir=str(self.slabset.directory),
+            shm_prefix=self.config.shm_prefix,
         )
 
     def _check_accepting(self) -> None:
         if not self._accepting:
-            raise ShuttingDown("the daemon is shutting down")
+            raise ShuttingDown(f"{STOP_TEXT}: it takes no new work")
 
 
 __all__ = ["Attachment", "Sidecar", "StatusReport"]

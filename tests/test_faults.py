@@ -176,3 +176,40 @@ def test_pool_exhausted_is_bounded(make_daemon, connect) -> None:
         assert time.monotonic() - t0 < 3
         a.release(held)
         b.release(b.lease(4096))
+
+
+def test_a_daemon_killed_mid_stream_leaves_no_partial_file(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    """kill -9 while a stream writes its file: the client is told the daemon went away
+    and the video must be sent again; the next daemon on that prefix removes the dead
+    one's partial file, and no file of anyone else's that looks like one."""
+    d = make_daemon()
+    out = d.output_dir
+    (out / "jobs").mkdir(parents=True)
+    lookalikes = [
+        out / ".midstream.mp4.1a2b3c4d.part",  # the old naming: not provably ours
+        out / "jobs" / ".a.mp4.vsp-0badc0de-0badc0de-00000000.part",  # another daemon's
+    ]
+    for path in lookalikes:
+        path.write_bytes(b"not the daemon's")
+    chunk = moving_pattern(8, 64, 64)
+    with (
+        d.client() as c,
+        pytest.raises(SidecarUnavailable) as info,
+        c.stream(fps=24, path="jobs/midstream.mp4") as s,
+    ):
+        s.write(chunk)
+        assert wait_until(lambda: any((out / "jobs").glob(".midstream.mp4.vsp-*.part")))
+        d.kill()
+        for _ in range(50):
+            s.write(chunk)
+            time.sleep(0.02)
+    message = str(info.value)
+    assert message.startswith("the daemon went away during the encode"), message
+    assert "the video was not written; send it again" in message
+    partial = list((out / "jobs").glob(".midstream.mp4.vsp-*.part"))
+    assert len(partial) == 1  # what kill -9 leaves
+    d.start()
+    assert wait_until(lambda: not partial[0].exists(), timeout=10), d.log()
+    assert "removed 1 partial files a killed instance left" in d.log()
+    assert all(path.read_bytes() == b"not the daemon's" for path in lookalikes)
+    assert not (out / "jobs" / "midstream.mp4").exists()

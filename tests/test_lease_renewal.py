@@ -9,7 +9,7 @@ import grpc
 import numpy as np
 import pytest
 
-from client import DeadlineExceeded, FailedPrecondition, ResourceExhausted
+from client import DeadlineExceeded, FailedPrecondition, Reason, ResourceExhausted
 from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
 
@@ -141,12 +141,15 @@ def test_a_call_waits_for_room_no_longer_than_its_timeout(make_daemon, connect) 
     with connect(d) as c, d.client() as hog:
         held = [hog.lease(16 * 1024 * 1024) for _ in range(4)]  # the whole pool
         t0 = time.monotonic()
-        with pytest.raises(DeadlineExceeded, match="waiting for room"):  # not a refusal
+        # The documented error, which says what to do: ResourceExhausted, POOL_EXHAUSTED.
+        with pytest.raises(ResourceExhausted, match="timeout of 1 s passed while waiting") as e:
             c.encode(np.zeros((4, 64, 64, 3), np.uint8), timeout=1.0)
+        assert e.value.reason is Reason.POOL_EXHAUSTED and "the wait of" in str(e.value)
         assert time.monotonic() - t0 < 5  # 20 s, the daemon's cap, before
         t0 = time.monotonic()
-        with pytest.raises(DeadlineExceeded), c.stream(fps=24, timeout=1.0) as s:
+        with pytest.raises(ResourceExhausted) as e, c.stream(fps=24, timeout=1.0) as s:
             s.write(np.zeros((4, 64, 64, 3), np.uint8))
+        assert e.value.reason is Reason.POOL_EXHAUSTED
         assert time.monotonic() - t0 < 5
         with connect(d, lease_wait=1.0) as brief, pytest.raises(ResourceExhausted):
             brief.encode(np.zeros((4, 64, 64, 3), np.uint8), timeout=30.0)  # its whole wait

@@ -11,6 +11,8 @@ import pytest
 from client import SidecarUnavailable
 from client.patterns import moving_pattern
 
+from .helpers import decode
+
 
 def test_sigterm_drains_then_unlinks(make_daemon) -> None:
     d = make_daemon(shutdown_grace=30)
@@ -109,4 +111,79 @@ def test_second_signal_forces_the_exit(make_daemon) -> None:  # type: ignore[no-
     assert len(errors) == 1 and isinstance(errors[0], SidecarUnavailable), errors
     assert errors[0].reason == "SHUTTING_DOWN"  # not "cancelled by the client"
     assert "stopped" in str(errors[0])
+    assert d.segments() == []
+
+
+def test_videos_waiting_for_room_finish_after_the_signal(make_daemon, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A video larger than the pool travels as a stream that waits for room between its
+    chunks, and a second video waits for room whole: SIGTERM lets both finish, each
+    written to its file, while a new client is refused in words that name the stop."""
+    d = make_daemon(shutdown_grace=60, slabs=2, slab_size="8MiB")
+    big = moving_pattern(96, 384, 512)  # 57 MB through a 16 MiB pool
+    small = moving_pattern(12, 384, 512)  # 7 MB: waits while the stream holds the room
+    outcome: dict[str, object] = {}
+
+    def send(name: str, video: object) -> None:
+        with d.client() as c:
+            try:
+                outcome[name] = c.encode(video, path=f"{name}.mp4", preset="veryfast")
+            except Exception as exc:  # the assertions below report it
+                outcome[name] = exc
+
+    workers = [
+        threading.Thread(target=send, args=(n, v)) for n, v in (("big", big), ("small", small))
+    ]
+    with d.client() as probe:
+        probe.status()
+        workers[0].start()
+        deadline = time.monotonic() + 20
+        while probe.status().active_encodes == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        workers[1].start()
+        while not probe.status().lease_waiters and time.monotonic() < deadline:
+            time.sleep(0.01)
+        d.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        while probe.health() != "NOT_SERVING" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(SidecarUnavailable, match="shutting down"), d.client() as late:
+            late.encode(moving_pattern(2, 32, 32))
+    for worker in workers:
+        worker.join(90)
+    for name, count in (("big", 96), ("small", 12)):
+        result = outcome[name]
+        assert not isinstance(result, Exception), (name, result, d.log()[-3000:])
+        assert result.frames == count  # type: ignore[attr-defined]
+        assert len(decode(d.output_dir / f"{name}.mp4")[0]) == count
+    assert d.process.wait(30) == 0  # type: ignore[union-attr]
+    assert d.segments() == []
+    assert not [p for p in d.output_dir.iterdir() if p.name.endswith(".part")]
+
+
+def test_work_over_its_grace_is_stopped_in_words_that_say_so(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    """A Lease still waiting for room when the grace ends is refused, not dropped."""
+    d = make_daemon(shutdown_grace=1, slabs=1, slab_size="4MiB")
+    errors: list[Exception] = []
+    with d.client() as holder:
+        held = holder.lease(4 << 20)  # the whole pool, held by hand past the stop
+
+        def wait_for_room() -> None:
+            with d.client() as c:
+                try:
+                    with c.stream(fps=24) as s:
+                        s.write(moving_pattern(4, 64, 64))
+                except Exception as exc:  # checked below
+                    errors.append(exc)
+
+        waiter = threading.Thread(target=wait_for_room)
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while not holder.status().lease_waiters and time.monotonic() < deadline:
+            time.sleep(0.01)
+        d.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        waiter.join(30)
+        del held
+    assert d.process.wait(30) == 0  # type: ignore[union-attr]
+    assert len(errors) == 1 and isinstance(errors[0], SidecarUnavailable), errors
+    assert errors[0].reason == "SHUTTING_DOWN"
+    assert "grace period ended" in str(errors[0])
     assert d.segments() == []

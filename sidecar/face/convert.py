@@ -315,7 +315,11 @@ def status_to_proto(s: StatusReport, errors_by_code: dict[str, int]) -> pb.Statu
         queued_encodes=s.queued_encodes,
         max_concurrent_encodes=s.max_concurrent_encodes,
         encoder_processes=s.encoder_processes,
-        clients=s.clients,
+        live_clients=s.live_clients,
+        clients_attached=s.clients_attached,
+        output_dir=s.output_dir,
+        shm_dir=s.shm_dir,
+        shm_prefix=s.shm_prefix,
         counters=pb.Counters(
             requests=s.stats.requests,
             encodes_ok=s.stats.encodes_ok,

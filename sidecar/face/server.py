@@ -176,17 +176,19 @@ class Server:
         log.info("shutting down")
         sd_notify("STOPPING=1")
         await self.health.enter_graceful_shutdown()  # every service reports NOT_SERVING
-        self.sidecar.stop_accepting()
-        if self._servicer is not None:
-            self._servicer.end_idle_connections()
+        # The stop rule (pipeline/admission/drain.py): no new work, and what is in flight
+        # finishes within the grace, both sockets serving it meanwhile.
+        self.sidecar.begin_drain()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.shutdown_grace
-        while self.sidecar.busy and not self.force_exit and loop.time() < deadline:
+        while self.sidecar.in_flight and not self.force_exit and loop.time() < deadline:
             await asyncio.sleep(0.05)
-        if self.sidecar.busy:
-            log.warning("stopping the encodes still running")
+        if self.sidecar.in_flight:
+            log.warning("stopping the work still in flight: its grace period is over")
             if not await self.sidecar.cancel_all(timeout=STOP_WAIT_S):
                 log.warning("encoder threads did not stop within %.1fs; leaving them", STOP_WAIT_S)
+        if self._servicer is not None:
+            self._servicer.end_idle_connections()
         if self._grpc is not None:
             # Long enough to send each stopped encode its status, no longer.
             await self._grpc.stop(grace=0.3 if self.force_exit else 1.0)

@@ -74,7 +74,8 @@ class StatusReport:
     active_encodes: int
     queued_encodes: int
     max_concurrent_encodes: int
-    clients: int
+    live_clients: int  # holding a lease, busy, or called within the lease TTL
+    clients_attached: int  # tokens known, live or not
     stats: Stats
     leases_granted: int
     leases_expired: int
@@ -85,3 +86,6 @@ class StatusReport:
     process_encodes: int = 0
     lease_waiters: list[WaiterView] = field(default_factory=list)
     lease_queue: QueueStats = field(default_factory=QueueStats)
+    output_dir: str = ""
+    shm_dir: str = ""
+    shm_prefix: str = ""

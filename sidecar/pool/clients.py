@@ -20,6 +20,7 @@ class ClientInfo:
     name: str
     pid: int
     attached_at: float
+    called_at: float  # its last call, on the monotonic clock
 
 
 class Clients:
@@ -33,7 +34,7 @@ class Clients:
         if len(self._clients) >= self._limit:
             self._forget_idle(busy())
         token = secrets.token_hex(16)
-        self._clients[token] = ClientInfo(name[:128], pid, time.time())
+        self._clients[token] = ClientInfo(name[:128], pid, time.time(), time.monotonic())
         return token
 
     def name(self, token: str) -> str:
@@ -42,8 +43,18 @@ class Clients:
         return _NOT_SHOWN.sub("?", info.name[:64]) if info is not None else "?"
 
     def check(self, token: str) -> None:
-        if token not in self._clients:
+        """`token` is attached (else NotAttached), and called just now."""
+        info = self._clients.get(token)
+        if info is None:
             raise NotAttached("unknown client token; call Attach (the daemon may have restarted)")
+        info.called_at = time.monotonic()
+
+    def live(self, within: float, busy: set[str]) -> int:
+        """Clients live now: in `busy` (holding a lease, an encode in flight, waiting for
+        room), or that called within the last `within` seconds."""
+        since = time.monotonic() - within
+        clients = self._clients.items()
+        return sum(token in busy or info.called_at >= since for token, info in clients)
 
     def __len__(self) -> int:
         return len(self._clients)

@@ -163,6 +163,13 @@ class LeaseQueue:
         self._leave(waiter)
         raise error
 
+    def refuse_all(self, error: SidecarError) -> None:
+        """Refuse every waiter with `error` (the daemon is stopping)."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.future.done():
+                waiter.future.set_exception(error)
+
     # -- internals -----------------------------------------------------------------------
 
     def _serve(self, moved: bool = False) -> None:

@@ -68,6 +68,7 @@ class Lease:
     released: bool = False  # released by its client while an encode held it
     tag: str = ""  # the client's name for the Lease request that granted it
     ttl: float = 30.0  # how long it lives unused, as its client was told
+    granted_at: float = 0.0  # on the table's clock
 
 
 @dataclass(frozen=True)
@@ -175,11 +176,12 @@ class LeaseTable:
             if placed is None:
                 return None
             ttl = min(self.ttl, SPARE_TTL) if spare else self.ttl
-            expires_at = self._clock() + ttl
+            now = self._clock()
+            expires_at = now + ttl
             mine = self._by_owner.setdefault(owner, {})
             leases = [
                 Lease(secrets.token_hex(16), owner, slab_id, offset, length, expires_at,
-                      spare=spare, unclaimed=unclaimed, tag=tag, ttl=ttl)
+                      spare=spare, unclaimed=unclaimed, tag=tag, ttl=ttl, granted_at=now)
                 for slab_id, offset, length in placed
             ]  # fmt: skip
             for lease in leases:
@@ -321,6 +323,20 @@ class LeaseTable:
         """How many leases encodes hold: while any do, the pool is moving."""
         with self._lock:
             return sum(lease.encoding for lease in self._leases.values())
+
+    def on_their_way(self, within: float, owner: str | None = None) -> bool:
+        """Whether leases granted in the last `within` seconds (to `owner`, or to anyone)
+        wait for the request their client is about to send: not in an encode, nor handed
+        over in a result."""
+        since = self._clock() - within
+        with self._lock:
+            held = (
+                self._leases.values() if owner is None else self._by_owner.get(owner, {}).values()
+            )
+            return any(
+                lease.granted_at >= since and not (lease.encoding or lease.unclaimed)
+                for lease in held
+            )
 
     def owners(self) -> set[str]:
         with self._lock:

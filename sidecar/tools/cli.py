@@ -129,12 +129,18 @@ def status(args: argparse.Namespace) -> int:
     pool = report.pool
     print(
         f"video-sidecar {report.server_version}, instance {report.instance_id}, "
-        f"up {report.uptime_s:.0f}s, {report.clients} clients"
+        f"up {report.uptime_s:.0f}s"
     )
+    print(
+        f"clients  {report.live_clients} live (holding a lease, encoding, waiting for room, or "
+        f"called in the last lease TTL); {report.clients_attached} attached and remembered"
+    )
+    print(f"output   {report.output_dir}")
     print(
         f"pool     {format_size(pool.get('leased_bytes', 0))} of "
         f"{format_size(pool.get('total_bytes', 0))} leased in {pool.get('active_leases', 0)} "
-        f"leases ({pool.get('slabs', 0)} slabs of {format_size(pool.get('slab_size', 0))})"
+        f"leases ({pool.get('slabs', 0)} slabs of {format_size(pool.get('slab_size', 0))} "
+        f"in {report.shm_dir}/{report.shm_prefix}*)"
     )
     print(
         f"encodes  {report.active_encodes} running, {report.queued_encodes} queued, "
@@ -187,8 +193,17 @@ def config(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"config": effective.as_dict(), "sources": sources}, indent=2))
     else:
+        print(CONFIG_HEADER)
         print(effective.to_toml(sources), end="")
     return 0
+
+
+# A TOML comment: the output stays a config file `serve --config` reads.
+CONFIG_HEADER = (
+    "# What `video-sidecar serve` would start with here (these flags, VIDEO_SIDECAR_*\n"
+    "# variables and config file). A running daemon's output directory and pool:\n"
+    "# `video-sidecar status`."
+)
 
 
 def health(args: argparse.Namespace) -> int:

@@ -215,7 +215,9 @@ def _config(commands: Commands) -> None:
     config = _command(
         commands,
         "config",
-        "print the effective configuration, and where each value comes from",
+        "print the configuration `serve` would start with here (these flags, VIDEO_SIDECAR_* "
+        "variables and config file), and where each value comes from; a running daemon's "
+        "output directory and pool: `video-sidecar status`",
         epilog=BOOLEAN_FLAGS_NOTE,
     )
     Config.add_config_argument(config)

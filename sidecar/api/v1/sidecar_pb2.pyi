@@ -654,7 +654,7 @@ class Counters(_message.Message):
     def __init__(self, requests: _Optional[int] = ..., encodes_ok: _Optional[int] = ..., encodes_failed: _Optional[int] = ..., frames_encoded: _Optional[int] = ..., bytes_out: _Optional[int] = ..., leases_granted: _Optional[int] = ..., leases_expired: _Optional[int] = ..., errors: _Optional[_Mapping[str, int]] = ..., warm_hits: _Optional[int] = ..., warm_misses: _Optional[int] = ..., process_encodes: _Optional[int] = ..., lease_waits: _Optional[int] = ..., lease_wait_s: _Optional[float] = ..., lease_refusals: _Optional[_Mapping[str, int]] = ..., encodes_cancelled: _Optional[int] = ..., releases_already_freed: _Optional[int] = ..., spares_expired: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("server_version", "instance_id", "uptime_s", "pool", "active_encodes", "queued_encodes", "max_concurrent_encodes", "clients", "counters", "encoder_processes", "lease_waiters")
+    __slots__ = ("server_version", "instance_id", "uptime_s", "pool", "active_encodes", "queued_encodes", "max_concurrent_encodes", "live_clients", "counters", "encoder_processes", "lease_waiters", "clients_attached", "output_dir", "shm_dir", "shm_prefix")
     SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
@@ -662,10 +662,14 @@ class StatusResponse(_message.Message):
     ACTIVE_ENCODES_FIELD_NUMBER: _ClassVar[int]
     QUEUED_ENCODES_FIELD_NUMBER: _ClassVar[int]
     MAX_CONCURRENT_ENCODES_FIELD_NUMBER: _ClassVar[int]
-    CLIENTS_FIELD_NUMBER: _ClassVar[int]
+    LIVE_CLIENTS_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
     ENCODER_PROCESSES_FIELD_NUMBER: _ClassVar[int]
     LEASE_WAITERS_FIELD_NUMBER: _ClassVar[int]
+    CLIENTS_ATTACHED_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_DIR_FIELD_NUMBER: _ClassVar[int]
+    SHM_DIR_FIELD_NUMBER: _ClassVar[int]
+    SHM_PREFIX_FIELD_NUMBER: _ClassVar[int]
     server_version: str
     instance_id: str
     uptime_s: float
@@ -673,11 +677,15 @@ class StatusResponse(_message.Message):
     active_encodes: int
     queued_encodes: int
     max_concurrent_encodes: int
-    clients: int
+    live_clients: int
     counters: Counters
     encoder_processes: int
     lease_waiters: _containers.RepeatedCompositeFieldContainer[LeaseWaiter]
-    def __init__(self, server_version: _Optional[str] = ..., instance_id: _Optional[str] = ..., uptime_s: _Optional[float] = ..., pool: _Optional[_Union[PoolStatus, _Mapping]] = ..., active_encodes: _Optional[int] = ..., queued_encodes: _Optional[int] = ..., max_concurrent_encodes: _Optional[int] = ..., clients: _Optional[int] = ..., counters: _Optional[_Union[Counters, _Mapping]] = ..., encoder_processes: _Optional[int] = ..., lease_waiters: _Optional[_Iterable[_Union[LeaseWaiter, _Mapping]]] = ...) -> None: ...
+    clients_attached: int
+    output_dir: str
+    shm_dir: str
+    shm_prefix: str
+    def __init__(self, server_version: _Optional[str] = ..., instance_id: _Optional[str] = ..., uptime_s: _Optional[float] = ..., pool: _Optional[_Union[PoolStatus, _Mapping]] = ..., active_encodes: _Optional[int] = ..., queued_encodes: _Optional[int] = ..., max_concurrent_encodes: _Optional[int] = ..., live_clients: _Optional[int] = ..., counters: _Optional[_Union[Counters, _Mapping]] = ..., encoder_processes: _Optional[int] = ..., lease_waiters: _Optional[_Iterable[_Union[LeaseWaiter, _Mapping]]] = ..., clients_attached: _Optional[int] = ..., output_dir: _Optional[str] = ..., shm_dir: _Optional[str] = ..., shm_prefix: _Optional[str] = ...) -> None: ...
 
 class LeaseWaiter(_message.Message):
     __slots__ = ("client", "bytes", "regions", "waited_s")

@@ -36,11 +36,11 @@ class StreamIntake:
             if isinstance(message, StreamEnd):
                 self._finish(message)
                 return message.next_lease_bytes
-            piece = (
-                self._take_range(message, index)
-                if isinstance(message, LeaseChunk)
-                else await self._take_inline(message.data)
-            )
+            if isinstance(message, LeaseChunk):
+                self._check_count(message.range.frame_count)  # before its lease is taken
+                piece: Piece | None = self._take_range(message, index)
+            else:
+                piece = await self._take_inline(message.data)
             if piece is not None:
                 self._queue(piece)
                 index += 1
@@ -60,12 +60,14 @@ class StreamIntake:
             await self._accepted.feed.wait_for_room(len(inline.frames) * self._frame_bytes)
         return inline
 
-    def _queue(self, piece: Piece) -> None:
-        feed = self._accepted.feed
-        feed.put(piece)  # owned by the feed from here, whatever happens next
-        self._frames += piece.frame_count
-        if self._frames > self._limits.max_frames:
+    def _check_count(self, more: int) -> None:
+        if self._frames + max(0, more) > self._limits.max_frames:
             raise OutOfRange(f"more than {self._limits.max_frames} frames in one stream")
+
+    def _queue(self, piece: Piece) -> None:
+        self._check_count(piece.frame_count)  # inline frames: their lease is the stream's
+        self._accepted.feed.put(piece)  # owned by the feed from here, whatever happens next
+        self._frames += piece.frame_count
 
     def _finish(self, end: StreamEnd) -> None:
         if self._assembler.leftover:

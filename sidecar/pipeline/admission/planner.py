@@ -49,7 +49,9 @@ class Planner:
         output_root: Path,
         ceiling: CostCeiling | None = None,
         profile: str = DEFAULT_PROFILE,
+        partial_tag: str = "vsp-00000000-00000000",
     ) -> None:
+        self.partial_tag = partial_tag  # what this instance's partial files are named with
         self.ceiling = ceiling or CostCeiling()  # the operator's limit on encoder cost
         self.profile = profile  # for a request that names none
         self.leases = leases
@@ -83,7 +85,9 @@ class Planner:
         landed_at = self._landed_at(spec, geometry, ranges)
         target = None
         if out.path is not None:
-            target = FileTarget.prepare(self.output_root, out.path, out.overwrite, container)
+            target = FileTarget.prepare(
+                self.output_root, out.path, out.overwrite, container, self.partial_tag
+            )
         frames_total = sum(r.frame_count for r in ranges)
         previews = plan_previews(spec.previews, geometry, frames_total)
         preview_targets: tuple[tuple[str, FileTarget], ...] = ()

@@ -72,7 +72,11 @@ class Encodes:
             chunk_size=CHUNK_SIZE,
             cancel=stop,
         )
-        runner = self._parts.scheduler.submit(job)
+        try:
+            runner = self._parts.scheduler.submit(job)
+        except BaseException:
+            accepted.feed.give_back_all()  # refused before it began: the client keeps them
+            raise
         outcome: EncodeOutcome | None = None
         token = accepted.spec.client_token
         with self._parts.activity.encoding(token):

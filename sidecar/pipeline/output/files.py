@@ -2,16 +2,21 @@
 
 File outputs are confined to the output root: no absolute paths, no `..`, and no
 directory on the way that resolves (through a symlink) outside the root. The encoder
-writes a hidden temporary file next to the target; only a complete file is renamed
-into place, so a reader never sees a partial MP4 and a failed encode leaves nothing.
+writes a hidden partial file next to the target; only a complete file is renamed into
+place, so a reader never sees a partial MP4 and a failed encode leaves nothing. A daemon
+killed while writing leaves its partial file; the next one on the same slab prefix
+removes it at start (`sweep_partials`), and nothing else.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
+import re
 import secrets
+import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -22,6 +27,7 @@ from ..admission.requests import OutputRequest, PreviewImage
 
 FIELD = "output.file.path"
 MAX_PATH_CHARS = 1024
+NAME_MAX = 255  # bytes in one file name
 
 
 def prepare_root(root: Path) -> None:
@@ -128,16 +134,58 @@ def write_beside(video: str, images: list[PreviewImage], targets: dict[str, File
         raise
 
 
+# A partial file: `.<name>.vsp-<owner>-<instance>-<random>.part` beside its video, where
+# <owner> names the daemon's slab prefix and directory (one instance at a time holds
+# them) and <instance> the instance that writes it.
+_PARTIAL = re.compile(r"\..+\.vsp-([0-9a-f]{8})-([0-9a-f]{8})-[0-9a-f]{8}\.part")
+
+
+def partial_tag(shm_dir: str, shm_prefix: str, instance: str) -> str:
+    """What this instance's partial files are named with (see `_PARTIAL`)."""
+    owner = hashlib.sha256(f"{shm_dir}\0{shm_prefix}".encode()).hexdigest()[:8]
+    return f"vsp-{owner}-{instance}"
+
+
+def sweep_partials(root: Path, tag: str) -> list[str]:
+    """Remove the partial files a dead instance of this daemon left under `root` (killed
+    while writing): only files named as ours, with our owner and another instance (ours
+    holds the slab prefix's lock, so that one is dead), regular and our user's. Links are
+    not followed. Returns the names removed."""
+    _, owner, instance = tag.split("-")
+    removed: list[str] = []
+    for folder, _dirs, files in os.walk(root):
+        for name in files:
+            match = _PARTIAL.fullmatch(name)
+            if match is None or match[1] != owner or match[2] == instance:
+                continue
+            path = os.path.join(folder, name)
+            with contextlib.suppress(OSError):
+                st = os.lstat(path)
+                if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+                    os.unlink(path)
+                    removed.append(os.path.relpath(path, root))
+    return removed
+
+
 @dataclass
 class FileTarget:
-    """A confined output path; `open_temp` and `commit` write it atomically."""
+    """A confined output path; `open_temp` and `commit` write it atomically, through a
+    partial file named with `tag` (see `partial_tag`)."""
 
     final: Path
     overwrite: bool
     temp: Path | None = None
+    tag: str = "vsp-00000000-00000000"
 
     @classmethod
-    def prepare(cls, root: Path, relative: str, overwrite: bool, container: str = "") -> FileTarget:
+    def prepare(
+        cls,
+        root: Path,
+        relative: str,
+        overwrite: bool,
+        container: str = "",
+        tag: str = "vsp-00000000-00000000",
+    ) -> FileTarget:
         """Resolve `relative` under `root`, creating directories, refusing any escape and
         a name whose extension does not say `container` ("": any container's)."""
         relative = within_root(relative, root)
@@ -168,7 +216,7 @@ class FileTarget:
         _named(relative, container)
         if not overwrite and os.path.lexists(final):
             raise OutputExists(f"{relative[:80]!r} exists; pass overwrite to replace it")
-        return cls(final, overwrite)
+        return cls(final, overwrite, tag=tag)
 
     def beside(self, endings: list[tuple[str, str]]) -> tuple[tuple[str, FileTarget], ...]:
         """Targets next to this one, for (key, ending) pairs: `jobs/42.mp4` and
@@ -182,7 +230,7 @@ class FileTarget:
                 raise OutputError(f"cannot write {final.name[:80]!r}: it is a directory")
             if not self.overwrite and os.path.lexists(final):
                 raise OutputExists(f"{final.name[:80]!r} exists; pass overwrite to replace it")
-            targets.append((key, FileTarget(final, self.overwrite)))
+            targets.append((key, FileTarget(final, self.overwrite, tag=self.tag)))
         return tuple(targets)
 
     def write(self, data: bytes) -> Path:
@@ -196,7 +244,10 @@ class FileTarget:
 
     def open_temp(self) -> Path:
         """Create the hidden temporary file the encoder writes to."""
-        temp = self.final.with_name(f".{self.final.name}.{secrets.token_hex(4)}.part")
+        ending = f".{self.tag}-{secrets.token_hex(4)}.part"
+        # Within a name's 255 bytes: a long name's partial file is cut short before it.
+        stem = self.final.name.encode()[: NAME_MAX - 1 - len(ending)].decode(errors="ignore")
+        temp = self.final.with_name(f".{stem}{ending}")
         try:
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
