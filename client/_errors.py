@@ -166,11 +166,13 @@ def error_from_reply(error: pb.FramedError) -> SidecarError:
     return error_for(code, error.message or code.name, reason)
 
 
-def gone_mid_encode(err: BaseException) -> BaseException:
+def gone_mid_encode(err: BaseException, *, held: bool = False) -> BaseException:
     """A daemon that went away while it held a request (killed, crashed, its socket
     gone), said as what the caller must know instead of the transport's words. Refusals
-    keep their own words: they carry a reason, and one never sent says no daemon answers."""
-    cut = isinstance(err, SidecarUnavailable) and err.reason is None and not err.unsent
+    keep their own words: they carry a reason, and one never sent says no daemon answers,
+    unless the daemon is known to hold the request (`held`: a stream it had opened)."""
+    unavailable = isinstance(err, SidecarUnavailable) and err.reason is None
+    cut = unavailable and (held or not getattr(err, "unsent", False))
     if cut and not str(err).startswith(GONE_TEXT):
         assert isinstance(err, SidecarUnavailable)
         err.reword(f"{GONE_TEXT}: the video was not written; send it again ({err.message})")

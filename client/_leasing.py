@@ -20,6 +20,7 @@ from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.vocabulary import STALL_TEXT, Reason
 
 from ._errors import (
+    DeadlineExceeded,
     RequestError,
     ResourceExhausted,
     SidecarError,
@@ -59,16 +60,25 @@ def lease_over_grpc(request: pb.LeaseRequest, timeout: float) -> Steps[pb.LeaseR
     return resp
 
 
-def room_within(lease: Steps[T], cut: bool, timeout: float | None) -> Steps[T]:
-    """`lease`, whose wait for room was cut short by a call's `timeout` when `cut`. A pool
-    still full when that time is up stays what it is, `ResourceExhausted` with reason
-    POOL_EXHAUSTED, which says what to do (wait longer, a larger pool), reworded to name
-    the timeout that ended the wait."""
+def room_within(
+    lease: Steps[T], cut: bool, timeout: float | None, *, started: bool = False
+) -> Steps[T]:
+    """`lease`, whose wait for room was cut short by a call's `timeout` when `cut`. Before
+    the request began, a pool still full when that time is up stays what it is,
+    `ResourceExhausted` with reason POOL_EXHAUSTED, which says what to do (wait longer, a
+    larger pool), reworded to name the timeout that ended the wait. A stream that has
+    `started` waits for the room its own encode frees: its time running out there is the
+    call's deadline passing, `DeadlineExceeded`."""
     try:
         return (yield from lease)
     except ResourceExhausted as err:
         if not cut or err.reason is not Reason.POOL_EXHAUSTED or STALL_TEXT in err.message:
             raise
+        if started:
+            raise DeadlineExceeded(
+                f"the timeout of {timeout:g} s passed while the stream waited for room for "
+                f"its next chunk: {err.message}"
+            ) from None
         err.reword(
             f"the timeout of {timeout:g} s passed while waiting for room in the pool: {err.message}"
         )

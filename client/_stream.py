@@ -36,6 +36,7 @@ from ._errors import (
     Cancelled,
     DeadlineExceeded,
     InvalidArgument,
+    SidecarUnavailable,
     error_from_rpc,
     gone_mid_encode,
 )
@@ -100,6 +101,14 @@ class StreamCore:
         yield from self.write_source(self.client.prepare(video, self.fmt))
 
     def write_source(self, source: VideoSource) -> Steps[None]:
+        try:
+            yield from self._write_source(source)
+        except SidecarUnavailable as err:
+            # Once the daemon has the stream, losing it loses the video, whichever call
+            # (a lease, the chunk) found it gone.
+            raise gone_mid_encode(err, held=self.call is not None) from None
+
+    def _write_source(self, source: VideoSource) -> Steps[None]:
         if self.closed:
             raise InvalidArgument("the stream is closed")
         self.raise_if_failed()
@@ -129,6 +138,7 @@ class StreamCore:
                     self.client.lease_together(sizes, wait, left or 1e9),
                     wait < self.client.lease_wait,
                     self.timeout or self.client.timeout,
+                    started=self.call is not None,
                 )
             try:
                 # After a lease, so that a stale token (the daemon restarted) is renewed.

@@ -99,19 +99,20 @@ def test_status_json(daemon: Daemon) -> None:
 def test_status_counts_live_clients_and_names_the_daemons_paths(make_daemon) -> None:  # type: ignore[no-untyped-def]
     """Clients that came and went are not live: the count says which are, and the daemon
     names its output root and pool, so that nobody guesses them from local defaults."""
-    d = make_daemon(lease_ttl=2)
+    d = make_daemon(lease_ttl=3)
     for _ in range(3):  # came, encoded, went
         with d.client() as c:
             c.encode(moving_pattern(2, 32, 32))
     with d.client() as holder:
         leases = [holder.lease(4096)]
-        time.sleep(1.2)
-        leases.append(holder.lease(4096))  # a call: its leases live on
-        time.sleep(1.3)  # the three called over a lease TTL ago: not live
+        for _ in range(3):  # the three called over a lease TTL ago: not live
+            time.sleep(1.1)
+            leases.append(holder.lease(4096))  # a call: the holder's leases live on
         report = json.loads(run(["status", "--json", "--socket", d.socket]).stdout)
         assert (report["live_clients"], report["clients_attached"]) == (1, 4)
         assert report["output_dir"] == str(d.output_dir.resolve())
         assert (report["shm_dir"], report["shm_prefix"]) == (str(SHM_DIR), d.prefix)
+        leases.append(holder.lease(4096))
         human = run(["status", "--socket", d.socket]).stdout
         assert "1 live" in human and "4 attached" in human, human
         assert f"output   {d.output_dir.resolve()}" in human, human
