@@ -51,6 +51,7 @@ from ._errors import (
     TransportError,
 )
 from ._export import export_to_video
+from ._live import Live
 from ._previews import SpriteSheet, Thumbnail
 from ._sync import SidecarClient
 from ._types import Attachment, EncodeResult, FrameRange, Lease, Preview, Status, Timings
@@ -67,6 +68,7 @@ __all__ = [
     "InvalidArgument",
     "InvalidVideo",
     "Lease",
+    "Live",
     "NotFound",
     "OutOfRange",
     "Preview",

@@ -34,6 +34,7 @@ from ._api_docs import ENCODE_DOC, ENCODE_LEASED_DOC, STREAM_DOC, documented
 from ._audio import prepare_audio
 from ._core import ClientCore
 from ._errors import SidecarClosed
+from ._live import Live
 from ._options import (
     EncodeOptions,
     Fps,
@@ -149,6 +150,7 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
         request_id: str = "",
         thumbnail: Thumbnail | bool | None = None,
         sprite_sheet: SpriteSheet | bool | None = None,
+        live: Live | str | os.PathLike[str] | None = None,
         on_chunk: Callable[[bytes], None] | None = None,
         on_progress: ProgressCallback | None = None,
         timeout: float | None = None,
@@ -186,6 +188,7 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
         request_id: str = "",
         thumbnail: Thumbnail | bool | None = None,
         sprite_sheet: SpriteSheet | bool | None = None,
+        live: Live | str | os.PathLike[str] | None = None,
         on_chunk: Callable[[bytes], None] | None = None,
         on_progress: ProgressCallback | None = None,
         timeout: float | None = None,
@@ -230,6 +233,7 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
         request_id: str = "",
         thumbnail: Thumbnail | bool | None = None,
         sprite_sheet: SpriteSheet | bool | None = None,
+        live: Live | str | os.PathLike[str] | None = None,
         on_progress: ProgressCallback | None = None,
         timeout: float | None = None,
     ) -> ResultT:

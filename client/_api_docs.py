@@ -96,6 +96,11 @@ Args:
         beside a file output (`jobs/42.mp4` gets `jobs/42.thumbnail.jpg` and
         `jobs/42.sprites.jpg`; `overwrite` applies to them too), else their bytes
         in `Preview.data`. Limits: docs/previews.md.
+    live: an LL-HLS/CMAF package of the video, written as it is encoded into a
+        folder of the daemon's output root, for any static HTTP server to serve
+        while it is made: a folder, or `Live(folder, segment_s=2.0, part_s=0.5,
+        overwrite=False)`. H.264 only; the video (and the package) is then
+        encoded without B-frames, a keyframe every segment (docs/live.md).
     on_chunk: called with each piece of the output, in order, as it arrives:
         while encoding with container="fmp4", at the end otherwise; never with
         `path`. `result.data` still holds the whole file.
@@ -132,8 +137,9 @@ cancels the stream and frees its leases; after the block, `s.result` holds the
 
 Args:
     fps, path, overwrite, pixel_format, layout, value_range, container, codec,
-    crf, preset, profile, bitrate, gop, threads, extra, request_id: as for
-        `encode` (each chunk of floats has its range checked).
+    crf, preset, profile, bitrate, gop, threads, extra, request_id, live: as for
+        `encode` (each chunk of floats has its range checked; a live package's
+        parts appear as the chunks are encoded, for viewers to watch).
     thumbnail, sprite_sheet: as for `encode`, but a stream's length is known only
         at its end: a thumbnail is the first or last frame, or one by index or time
         (True: the first; at="middle" is refused), and a sprite sheet takes a tile
@@ -164,8 +170,8 @@ Args:
     pixel_format: the frames' format in the leases: "rgb24", "bgr24", "rgba",
         "gray", "yuv420p" or "nv12".
     fps, path, overwrite, container, codec, crf, preset, profile, bitrate, gop,
-    threads, extra, request_id, thumbnail, sprite_sheet, on_progress, timeout: as
-    for `encode`.
+    threads, extra, request_id, thumbnail, sprite_sheet, live, on_progress, timeout:
+    as for `encode`.
 
 The daemon frees each lease once its frames are encoded; a refused request leaves
 them with you.

@@ -31,6 +31,7 @@ from sidecar.vocabulary import (
 
 from ._checks import of_type, whole
 from ._errors import InvalidArgument, OutOfRange
+from ._live import Live, live_of, live_proto
 from ._previews import SpriteSheet, Thumbnail, check_asked, previews_proto
 from ._types import FrameRange, Lease
 
@@ -65,6 +66,8 @@ class EncodeOptions:
     # Still images beside the video (`_previews`); True: the daemon's defaults.
     thumbnail: Thumbnail | bool | None = None
     sprite_sheet: SpriteSheet | bool | None = None
+    # A live LL-HLS/CMAF package beside the output (`_live`): a folder, or a `Live`.
+    live: Live | str | os.PathLike[str] | None = None
 
     @classmethod
     def of(cls, arguments: Mapping[str, Any]) -> EncodeOptions:
@@ -74,6 +77,7 @@ class EncodeOptions:
     def __post_init__(self) -> None:
         if isinstance(self.path, os.PathLike):  # pathlib.Path and friends, as a string
             object.__setattr__(self, "path", os.fspath(self.path))
+        object.__setattr__(self, "live", live_of(self.live))
         self.check()
         if not self.request_id:
             object.__setattr__(self, "request_id", new_request_id())
@@ -158,6 +162,7 @@ class EncodeOptions:
             audio=audio,
             audio_data=audio_data or [],
             previews=previews_proto(self.thumbnail, self.sprite_sheet),
+            live=live_proto(live_of(self.live)),
         )
 
     def header(
@@ -185,6 +190,7 @@ class EncodeOptions:
                 audio=audio,
                 audio_data=audio_data or [],
                 previews=previews_proto(self.thumbnail, self.sprite_sheet, known),
+                live=live_proto(live_of(self.live)),
             )
         )
 

@@ -124,7 +124,7 @@ class StreamCore:
             self.raise_if_failed()
             if self.client.inline:
                 yield from self._open(geometry)
-                yield from self._send_inline(source, first, count)
+                yield from send_inline(self, source, first, count)
                 continue
             left = self._left()
             wait = self.client.lease_wait if left is None else min(left, self.client.lease_wait)
@@ -187,15 +187,6 @@ class StreamCore:
         if now >= self.deadline:
             raise DeadlineExceeded(f"the stream's timeout of {timeout:g} s passed")
         return self.deadline - now
-
-    def _send_inline(self, source: VideoSource, first: int, count: int) -> Steps[None]:
-        buffer = np.empty(count * source.frame_bytes, dtype=np.uint8)
-        with self.clock.copying():
-            yield copy_step(source, buffer, first, count)
-            yield Work(source.finish, long=True)
-        for start in range(0, buffer.size, INLINE_MESSAGE):  # a frame may span messages
-            piece = buffer[start : start + INLINE_MESSAGE].tobytes()
-            yield from self._send(pb.StreamRequest(chunk=pb.StreamChunk(inline=piece)))
 
     def _send(self, message: pb.StreamRequest) -> Steps[None]:
         yield OnStream(self.call, "send", message)
@@ -306,6 +297,17 @@ class StreamCore:
             yield from self.cancel()
             raise
         return (yield from self.close())
+
+
+def send_inline(core: StreamCore, source: VideoSource, first: int, count: int) -> Steps[None]:
+    """Frames `first` to `first + count` of `source` inside the stream's messages."""
+    buffer = np.empty(count * source.frame_bytes, dtype=np.uint8)
+    with core.clock.copying():
+        yield copy_step(source, buffer, first, count)
+        yield Work(source.finish, long=True)
+    for start in range(0, buffer.size, INLINE_MESSAGE):  # a frame may span messages
+        piece = buffer[start : start + INLINE_MESSAGE].tobytes()
+        yield OnStream(core.call, "send", pb.StreamRequest(chunk=pb.StreamChunk(inline=piece)))
 
 
 class StreamFace:

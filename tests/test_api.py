@@ -24,7 +24,7 @@ def test_public_api_is_pinned() -> None:
     assert sorted(client.__all__) == [
         "AlreadyExists", "AsyncSidecarClient", "Attachment", "Cancelled", "DeadlineExceeded",
         "EncodeResult", "FailedPrecondition", "FrameRange", "InvalidArgument", "InvalidVideo",
-        "Lease", "NotFound", "OutOfRange", "Preview", "Reason", "RequestError",
+        "Lease", "Live", "NotFound", "OutOfRange", "Preview", "Reason", "RequestError",
         "ResourceExhausted", "ServerError", "SidecarClient", "SidecarClosed", "SidecarError",
         "SidecarUnavailable", "SpriteSheet", "Status", "Thumbnail", "Timings", "TransportError",
         "export_to_video",

@@ -251,5 +251,20 @@ class ResolvedCodec:
         options = {**self.options, "x265-params": join_params({**params, "bframes": "0"})}
         return dataclasses.replace(self, options=options)
 
+    def for_live(self, keyframe_every: int) -> ResolvedCodec:
+        """These settings for a live package: a keyframe exactly every `keyframe_every`
+        frames (each segment starts with one; no scene-cut keyframes between), and an
+        encoder that holds no frame back (x264's zerolatency: no B-frames, no lookahead;
+        the job gives it slice threads), so that a part goes out as soon as its last
+        frame is in, even while a stream pauses between chunks."""
+        options = {
+            **self.options,
+            "tune": "zerolatency",
+            "bf": "0",
+            "sc_threshold": "0",
+            "keyint_min": str(keyframe_every),
+        }
+        return dataclasses.replace(self, options=options, gop=keyframe_every)
+
 
 SHORT_CLIP_FRAMES = 8

@@ -24,6 +24,7 @@ import numpy as np
 from ..errors import InvalidRequest
 from .audio import AudioFormat, AudioTrack
 from .catalogue import AUDIO_CODECS, CONTAINERS, ResolvedCodec
+from .cmaf import LiveSink, init_segment, length_prefixed
 from .colour import BT709, LIMITED_RANGE, FrameConverter
 from .frames import Geometry
 from .landing import Frames
@@ -161,6 +162,7 @@ class VideoEncoder:
         audio: AudioFormat | None = None,
         converter: FrameConverter | None = None,
         headers_later: bool = False,
+        live: LiveSink | None = None,
     ) -> None:
         self.geometry = geometry
         self.codec = codec
@@ -169,6 +171,7 @@ class VideoEncoder:
         self.timings = EncodeTimings()
         self.audio: AudioTrack | None = None
         self.headers_later = headers_later
+        self.live = live  # the same packets, packaged as they come (see cmaf)
         self._converter = converter or FrameConverter(geometry, threads)
         t0 = time.perf_counter()
         self._container = av.open(
@@ -184,6 +187,10 @@ class VideoEncoder:
         except BaseException:
             self._container.close()
             raise
+        if live is not None:
+            if headers_later:
+                raise RuntimeError("a live package takes its packets from one encoder")
+            live.start(init_segment(self._stream, self.extradata, geometry.fps))
         self.timings.open = time.perf_counter() - t0
 
     def _add_stream(self, threads: int, thread_type: str) -> av.video.stream.VideoStream:
@@ -284,6 +291,7 @@ class VideoEncoder:
         frame.pts = self.frames
         packets = self._stream.encode(frame)
         t2 = time.perf_counter()
+        self._package(packets)
         self._container.mux(packets)
         self.frames += 1
         if self.audio is not None:
@@ -305,6 +313,8 @@ class VideoEncoder:
         if not self.headers_later:
             self._drain(check)
         t1 = time.perf_counter()
+        if self.live is not None:
+            self.live.finish()
         if self.audio is not None:
             self._container.mux(self.audio.finish(self.duration))
         t2 = time.perf_counter()
@@ -321,16 +331,26 @@ class VideoEncoder:
             t1 = time.perf_counter()
             encode += t1 - t0
             packet.stream = self._stream
+            self._package([packet])
             self._container.mux(packet)
             t0 = time.perf_counter()
             mux += t0 - t1
         self.timings.encode += encode + (time.perf_counter() - t0)
         self.timings.mux += mux
 
+    def _package(self, packets: list[av.Packet[Any]]) -> None:
+        if self.live is not None:
+            for packet in packets:
+                self.live.add(length_prefixed(bytes(packet)), packet.is_keyframe)
+
     def abort(self) -> None:
-        """Stop without finishing; the caller discards the output."""
+        """Stop without finishing; the caller discards the output. A live package is
+        closed with what it has (viewers keep a playable, shorter video)."""
         with contextlib.suppress(Exception):
             self._container.close()
+        if self.live is not None:
+            with contextlib.suppress(Exception):
+                self.live.finish()
 
     @property
     def duration(self) -> float:

@@ -25,6 +25,7 @@ from ..pipeline.admission.requests import (
     EncodeSpec,
     InlineChunk,
     LeaseChunk,
+    LiveRequest,
     OneReply,
     OutputRequest,
     PreviewImage,
@@ -173,6 +174,12 @@ def audio_pieces_from_proto(data: Any) -> tuple[AudioPiece, ...]:
     return tuple(pieces)
 
 
+def live_from_proto(p: pb.LivePackage, present: bool) -> LiveRequest | None:
+    if not present:
+        return None
+    return LiveRequest(p.folder, p.segment_s, p.part_s, p.overwrite)
+
+
 def previews_from_proto(p: pb.Previews, present: bool) -> PreviewRequest:
     if not present:
         return PreviewRequest()
@@ -238,6 +245,7 @@ def encode_spec_from_proto(
         output=output_from_proto(request.output, request.HasField("output")),
         audio=audio_from_proto(request.HasField("audio"), request.audio, request.audio_data),
         previews=previews_from_proto(request.previews, request.HasField("previews")),
+        live=live_from_proto(request.live, request.HasField("live")),
     )
 
 
@@ -250,6 +258,7 @@ def stream_spec_from_proto(h: pb.StreamHeader, request_id: str) -> EncodeSpec:
         output=output_from_proto(h.output, h.HasField("output")),
         audio=audio_from_proto(h.HasField("audio"), h.audio, h.audio_data),
         previews=previews_from_proto(h.previews, h.HasField("previews")),
+        live=live_from_proto(h.live, h.HasField("live")),
     )
 
 

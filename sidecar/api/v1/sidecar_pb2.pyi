@@ -314,7 +314,7 @@ class AudioRange(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
 
 class EncodeRequest(_message.Message):
-    __slots__ = ("client_token", "request_id", "video", "codec", "output", "next_lease_bytes", "audio", "audio_data", "landed_count_offset", "previews")
+    __slots__ = ("client_token", "request_id", "video", "codec", "output", "next_lease_bytes", "audio", "audio_data", "landed_count_offset", "previews", "live")
     CLIENT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     VIDEO_FIELD_NUMBER: _ClassVar[int]
@@ -325,6 +325,7 @@ class EncodeRequest(_message.Message):
     AUDIO_DATA_FIELD_NUMBER: _ClassVar[int]
     LANDED_COUNT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     PREVIEWS_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FIELD_NUMBER: _ClassVar[int]
     client_token: str
     request_id: str
     video: VideoDescriptor
@@ -335,7 +336,20 @@ class EncodeRequest(_message.Message):
     audio_data: _containers.RepeatedCompositeFieldContainer[AudioData]
     landed_count_offset: int
     previews: Previews
-    def __init__(self, client_token: _Optional[str] = ..., request_id: _Optional[str] = ..., video: _Optional[_Union[VideoDescriptor, _Mapping]] = ..., codec: _Optional[_Union[CodecOptions, _Mapping]] = ..., output: _Optional[_Union[OutputSpec, _Mapping]] = ..., next_lease_bytes: _Optional[int] = ..., audio: _Optional[_Union[AudioSpec, _Mapping]] = ..., audio_data: _Optional[_Iterable[_Union[AudioData, _Mapping]]] = ..., landed_count_offset: _Optional[int] = ..., previews: _Optional[_Union[Previews, _Mapping]] = ...) -> None: ...
+    live: LivePackage
+    def __init__(self, client_token: _Optional[str] = ..., request_id: _Optional[str] = ..., video: _Optional[_Union[VideoDescriptor, _Mapping]] = ..., codec: _Optional[_Union[CodecOptions, _Mapping]] = ..., output: _Optional[_Union[OutputSpec, _Mapping]] = ..., next_lease_bytes: _Optional[int] = ..., audio: _Optional[_Union[AudioSpec, _Mapping]] = ..., audio_data: _Optional[_Iterable[_Union[AudioData, _Mapping]]] = ..., landed_count_offset: _Optional[int] = ..., previews: _Optional[_Union[Previews, _Mapping]] = ..., live: _Optional[_Union[LivePackage, _Mapping]] = ...) -> None: ...
+
+class LivePackage(_message.Message):
+    __slots__ = ("folder", "segment_s", "part_s", "overwrite")
+    FOLDER_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_S_FIELD_NUMBER: _ClassVar[int]
+    PART_S_FIELD_NUMBER: _ClassVar[int]
+    OVERWRITE_FIELD_NUMBER: _ClassVar[int]
+    folder: str
+    segment_s: float
+    part_s: float
+    overwrite: bool
+    def __init__(self, folder: _Optional[str] = ..., segment_s: _Optional[float] = ..., part_s: _Optional[float] = ..., overwrite: _Optional[bool] = ...) -> None: ...
 
 class Previews(_message.Message):
     __slots__ = ("thumbnail", "sprite_sheet")
@@ -414,7 +428,7 @@ class Preview(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., mime_type: _Optional[str] = ..., size_bytes: _Optional[int] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., data: _Optional[bytes] = ..., path: _Optional[str] = ..., in_lease: _Optional[bool] = ..., lease_offset: _Optional[int] = ..., tile_width: _Optional[int] = ..., tile_height: _Optional[int] = ..., columns: _Optional[int] = ..., rows: _Optional[int] = ..., frames: _Optional[_Iterable[int]] = ..., times_s: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class StreamHeader(_message.Message):
-    __slots__ = ("client_token", "request_id", "width", "height", "pixel_format", "fps", "codec", "output", "audio", "audio_data", "previews")
+    __slots__ = ("client_token", "request_id", "width", "height", "pixel_format", "fps", "codec", "output", "audio", "audio_data", "previews", "live")
     CLIENT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     WIDTH_FIELD_NUMBER: _ClassVar[int]
@@ -426,6 +440,7 @@ class StreamHeader(_message.Message):
     AUDIO_FIELD_NUMBER: _ClassVar[int]
     AUDIO_DATA_FIELD_NUMBER: _ClassVar[int]
     PREVIEWS_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FIELD_NUMBER: _ClassVar[int]
     client_token: str
     request_id: str
     width: int
@@ -437,7 +452,8 @@ class StreamHeader(_message.Message):
     audio: AudioSpec
     audio_data: _containers.RepeatedCompositeFieldContainer[AudioData]
     previews: Previews
-    def __init__(self, client_token: _Optional[str] = ..., request_id: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., pixel_format: _Optional[_Union[PixelFormat, str]] = ..., fps: _Optional[_Union[Rational, _Mapping]] = ..., codec: _Optional[_Union[CodecOptions, _Mapping]] = ..., output: _Optional[_Union[OutputSpec, _Mapping]] = ..., audio: _Optional[_Union[AudioSpec, _Mapping]] = ..., audio_data: _Optional[_Iterable[_Union[AudioData, _Mapping]]] = ..., previews: _Optional[_Union[Previews, _Mapping]] = ...) -> None: ...
+    live: LivePackage
+    def __init__(self, client_token: _Optional[str] = ..., request_id: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., pixel_format: _Optional[_Union[PixelFormat, str]] = ..., fps: _Optional[_Union[Rational, _Mapping]] = ..., codec: _Optional[_Union[CodecOptions, _Mapping]] = ..., output: _Optional[_Union[OutputSpec, _Mapping]] = ..., audio: _Optional[_Union[AudioSpec, _Mapping]] = ..., audio_data: _Optional[_Iterable[_Union[AudioData, _Mapping]]] = ..., previews: _Optional[_Union[Previews, _Mapping]] = ..., live: _Optional[_Union[LivePackage, _Mapping]] = ...) -> None: ...
 
 class StreamChunk(_message.Message):
     __slots__ = ("range", "inline")

@@ -24,6 +24,7 @@ from ...pool.shm import SlabSet
 from ...vocabulary import DEFAULT_PROFILE
 from ..encoding.feed import FrameFeed
 from ..output.files import FileTarget, output_container
+from ..output.live import plan_live
 from ..previews.planning import plan_previews
 from .plans import EncodePlan
 from .requests import AudioPiece, EncodeSpec
@@ -73,6 +74,10 @@ class Planner:
             container, self.ceiling, self.profile, (v.width, v.height, frames)
         )
         codec.check_size(geometry.width, geometry.height)
+        live = None
+        if spec.live is not None:
+            live = plan_live(self.output_root, spec.live, geometry.fps, codec.choice.encoder)
+            codec = codec.for_live(live.segment_frames)
         audio = spec.audio.format.check() if spec.audio.format is not None else None
         if spec.audio.data and audio is None:
             raise InvalidRequest("audio_data", "audio samples sent without an audio format")
@@ -106,6 +111,7 @@ class Planner:
             landed_at=landed_at,
             previews=previews,
             preview_targets=preview_targets,
+            live=live,
         )
         return plan, ranges
 

@@ -12,6 +12,7 @@ from ...codec.audio_format import AudioFormat
 from ...codec.catalogue import ResolvedCodec
 from ...codec.frames import Geometry
 from ..output.files import FileTarget
+from ..output.live import LiveLayout
 from ..previews.planning import PreviewPlan
 from .requests import PreviewImage
 
@@ -32,6 +33,7 @@ class EncodePlan:
     previews: PreviewPlan | None = None
     # A file output's previews: where each kind is written, beside the video.
     preview_targets: tuple[tuple[str, FileTarget], ...] = ()
+    live: LiveLayout | None = None  # a live package beside the output (see output/live)
 
     @property
     def streams_bytes(self) -> bool:

@@ -99,6 +99,16 @@ class OneReply:
 
 
 @dataclass(frozen=True)
+class LiveRequest:
+    """A live LL-HLS/CMAF package beside the output (see output/live); 0: the default."""
+
+    folder: str
+    segment_s: float = 0.0
+    part_s: float = 0.0
+    overwrite: bool = False
+
+
+@dataclass(frozen=True)
 class EncodeSpec:
     """A whole-video encode, or the header of a stream (then `video.ranges` is empty)."""
 
@@ -113,6 +123,7 @@ class EncodeSpec:
     one_reply: OneReply | None = None
     landed_count_offset: int = 0  # frames still landing, counted there (see landing)
     previews: PreviewRequest = field(default_factory=PreviewRequest)
+    live: LiveRequest | None = None
 
 
 @dataclass(frozen=True)

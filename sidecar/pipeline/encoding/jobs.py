@@ -249,7 +249,8 @@ class EncodeJob:
     def segments(self) -> list[tuple[int, int]]:
         """The segments a whole video is cut into (one: not cut; see segments)."""
         plan = self.plan
-        if not plan.frames_total or plan.codec.choice.encoder not in SEGMENTABLE:
+        # A live package takes its packets from one encoder, in order.
+        if not plan.frames_total or plan.codec.choice.encoder not in SEGMENTABLE or plan.live:
             return [(0, plan.frames_total)]
         return plan_segments(plan.frames_total, self.cores, keyframe_interval(plan.codec))
 
@@ -261,6 +262,8 @@ class EncodeJob:
         plan = self.plan
         if plan.container != "mp4" or plan.audio is not None or self.audio is not None:
             return False
+        if plan.live is not None:
+            return False
         return plan.frames_total > 0 and len(self.segments) < 2
 
     @property
@@ -270,6 +273,7 @@ class EncodeJob:
             self.warm is not None
             and plan.container == "mp4"
             and plan.audio is None
+            and plan.live is None
             and plan.frames_total > 0
             and self.warm.eligible(plan.geometry, plan.frames_total)
         )

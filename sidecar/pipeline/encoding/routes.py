@@ -18,6 +18,7 @@ from ...codec.encoder import EncodeTimings, VideoEncoder
 from ...errors import Cancelled, InvalidRequest
 from ...events import ProgressReporter
 from ..admission.plans import EncodeOutcome
+from ..output.live import LivePackage
 from .consume import encode_pieces
 from .feed import End
 from .process_route import InEncoderProcess
@@ -158,6 +159,7 @@ class FreshEncoder(InDaemon):
                 container=plan.container,
                 audio=plan.audio,
                 headers_later=self._headers_later,
+                live=LivePackage(plan.live) if plan.live is not None else None,
             )
         except BaseException:
             if memfd is not None:

@@ -44,7 +44,7 @@ def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
-def within_root(path: str, root: Path) -> str:
+def within_root(path: str, root: Path, field: str = FIELD) -> str:
     """An absolute `path` inside the output root (as configured, or as it resolves) as
     the relative path it names there; any other path as it is, for `confine` to judge.
     The daemon and a client on its host see the same root, so a client may name a file
@@ -58,36 +58,36 @@ def within_root(path: str, root: Path) -> str:
             return str(given.relative_to(inside))
     shown = path if len(path) <= 80 else path[:77] + "..."
     raise InvalidRequest(
-        FIELD,
+        field,
         f"{shown!r} is outside the output root {root}; give a path under it, or one relative to it",
     )
 
 
-def confine(relative: str) -> PurePosixPath:
+def confine(relative: str, field: str = FIELD) -> PurePosixPath:
     """Check a client path lexically; returns it as a relative path."""
     if not relative:
-        raise InvalidRequest(FIELD, "must not be empty")
+        raise InvalidRequest(field, "must not be empty")
     if len(relative) > MAX_PATH_CHARS:
-        raise InvalidRequest(FIELD, f"longer than {MAX_PATH_CHARS} characters")
+        raise InvalidRequest(field, f"longer than {MAX_PATH_CHARS} characters")
     if "\x00" in relative:
-        raise InvalidRequest(FIELD, "must not contain NUL")
+        raise InvalidRequest(field, "must not contain NUL")
     if not relative.isprintable():  # letters of any script, digits, marks, punctuation, spaces
         raise InvalidRequest(
-            FIELD, "may hold only printable characters: no control characters, tabs or newlines"
+            field, "may hold only printable characters: no control characters, tabs or newlines"
         )
     path = PurePosixPath(relative)
     if relative.endswith("/"):
-        raise InvalidRequest(FIELD, f"{relative[:80]!r} names a directory, not a file")
+        raise InvalidRequest(field, f"{relative[:80]!r} names a directory, not a file")
     if any(part == ".." for part in path.parts):
         raise InvalidRequest(
-            FIELD, f"{relative[:80]!r} contains '..'; it must stay under the output root"
+            field, f"{relative[:80]!r} contains '..'; it must stay under the output root"
         )
     if path.is_absolute():
         raise InvalidRequest(
-            FIELD, f"{relative[:80]!r} is absolute; give a path under the output root"
+            field, f"{relative[:80]!r} is absolute; give a path under the output root"
         )
     if not path.name or path.name in {".", ".."}:
-        raise InvalidRequest(FIELD, f"{relative[:80]!r} does not name a file")
+        raise InvalidRequest(field, f"{relative[:80]!r} does not name a file")
     return path
 
 
@@ -167,6 +167,28 @@ def sweep_partials(root: Path, tag: str) -> list[str]:
     return removed
 
 
+def make_dirs(root: Path, rel: PurePosixPath, relative: str, field: str = FIELD) -> str:
+    """The directory `rel` under `root`, created as needed, each step checked to stay
+    inside the root (a link may not lead out); its real path."""
+    real_root = os.path.realpath(root)
+    current = real_root
+    for part in rel.parts:
+        step = os.path.join(current, part)
+        try:
+            os.mkdir(step, 0o755)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise output_error(exc, f"directory {rel}") from None
+        current = os.path.realpath(step)
+        if not _inside(current, real_root):
+            raise InvalidRequest(field, f"{relative[:80]!r} leaves the output root through a link")
+        # A file in the way is the output root's state, not a wrong request.
+        if not os.path.isdir(current):
+            raise OutputError(f"cannot write {relative[:80]!r}: {part!r} in it is not a directory")
+    return current
+
+
 @dataclass
 class FileTarget:
     """A confined output path; `open_temp` and `commit` write it atomically, through a
@@ -190,26 +212,7 @@ class FileTarget:
         a name whose extension does not say `container` ("": any container's)."""
         relative = within_root(relative, root)
         rel = confine(relative)
-        real_root = os.path.realpath(root)
-        current = real_root
-        for part in rel.parent.parts:
-            step = os.path.join(current, part)
-            try:
-                os.mkdir(step, 0o755)
-            except FileExistsError:
-                pass
-            except OSError as exc:
-                raise output_error(exc, f"directory {rel.parent}") from None
-            current = os.path.realpath(step)
-            if not _inside(current, real_root):
-                raise InvalidRequest(
-                    FIELD, f"{relative[:80]!r} leaves the output root through a link"
-                )
-            # A file in the way is the output root's state, not a wrong request.
-            if not os.path.isdir(current):
-                raise OutputError(
-                    f"cannot write {relative[:80]!r}: {part!r} in it is not a directory"
-                )
+        current = make_dirs(root, rel.parent, relative)
         final = Path(current) / rel.name
         if os.path.isdir(final):
             raise OutputError(f"cannot write {relative[:80]!r}: it is a directory")

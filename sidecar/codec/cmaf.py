@@ -1,0 +1,138 @@
+"""CMAF pieces for a live package: the init segment, from FFmpeg's MP4 muxer, and media
+fragments (`moof` + `mdat`), written here from the encoder's packets.
+
+FFmpeg's fragmenting muxer cuts a fragment only when the next packet arrives (or at the
+end), so the last part before a pause in a stream would wait for the next chunk. Writing
+the fragment boxes here lets a part go out the moment its last packet exists. Only what a
+video track without B-frames needs is written (the live package encodes without them):
+decode time equals presentation time, and every sample carries its duration, size and
+sync flag.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import struct
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Protocol
+
+import av
+
+# Sample flags (ISO/IEC 14496-12, 8.8.3.1): a sync sample depends on no other; any other
+# depends on others and is not a sync sample.
+SYNC = 0x02000000
+NOT_SYNC = 0x01010000
+
+
+class LiveSink(Protocol):
+    """Where an encoder's packets go beside its container: a live package."""
+
+    def start(self, init: Init) -> None: ...
+    def add(self, data: bytes, keyframe: bool) -> None: ...
+    def finish(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Sample:
+    data: bytes
+    keyframe: bool
+
+
+@dataclass(frozen=True)
+class Init:
+    """The init segment, and what fragments must agree with it on."""
+
+    data: bytes
+    timescale: int  # of the video track's media time
+    track_id: int
+
+
+def init_segment(template: av.VideoStream, extradata: bytes | None, fps: Fraction) -> Init:
+    """The init segment (`ftyp` + `moov`) for the stream `template` encodes: one video
+    track, its codec headers from `extradata`."""
+    out = io.BytesIO()
+    options = {"movflags": "empty_moov+default_base_moof+frag_custom+skip_trailer+cmaf"}
+    with av.open(out, "w", format="mp4", options=options) as container:
+        stream = container.add_stream_from_template(template)
+        stream.codec_context.extradata = extradata
+        stream.time_base = Fraction(1) / fps
+        container.start_encoding()
+    data = b"".join(box for kind, box in boxes(out.getvalue()) if kind in (b"ftyp", b"moov"))
+    return Init(data, _timescale(data), _track_id(data))
+
+
+def fragment(
+    sequence: int, init: Init, decode_time: int, duration: int, samples: list[Sample]
+) -> bytes:
+    """One `moof` + `mdat`: `samples`, each `duration` long in the track's timescale, the
+    first at `decode_time`. `sequence` counts fragments from 1."""
+    mfhd = _full(b"mfhd", 0, 0, struct.pack(">I", sequence))
+    tfhd = _full(b"tfhd", 0, 0x020000, struct.pack(">I", init.track_id))  # base is the moof
+    tfdt = _full(b"tfdt", 1, 0, struct.pack(">Q", decode_time))
+    entries = b"".join(
+        struct.pack(">III", duration, len(s.data), SYNC if s.keyframe else NOT_SYNC)
+        for s in samples
+    )
+    # data-offset, sample duration, size and flags present
+    trun_size = 8 + 4 + 8 + len(entries)
+    moof_size = 8 + len(mfhd) + 8 + len(tfhd) + len(tfdt) + trun_size
+    trun = _full(b"trun", 0, 0x000701, struct.pack(">Ii", len(samples), moof_size + 8) + entries)
+    moof = _box(b"moof", mfhd + _box(b"traf", tfhd + tfdt + trun))
+    assert len(moof) == moof_size
+    return moof + _box(b"mdat", b"".join(s.data for s in samples))
+
+
+def length_prefixed(annex_b: bytes) -> bytes:
+    """An H.264 access unit as x264 makes it (Annex B: start codes) as MP4 carries it
+    (each NAL unit after its 4-byte length). Parameter sets and delimiters are left out:
+    the init segment carries the parameter sets."""
+    out = []
+    for nal in _nal_units(annex_b):
+        if nal and nal[0] & 0x1F not in (7, 8, 9):
+            out.append(struct.pack(">I", len(nal)) + nal)
+    return b"".join(out)
+
+
+def _nal_units(data: bytes) -> list[bytes]:
+    starts, at = [], data.find(b"\x00\x00\x01")
+    while at >= 0:
+        starts.append(at + 3)
+        at = data.find(b"\x00\x00\x01", at + 3)
+    units = [data[start : following - 3] for start, following in itertools.pairwise(starts)]
+    # A 4-byte start code's first zero is not the NAL unit's (nor are trailing zeros).
+    units = [unit.rstrip(b"\x00") for unit in units]
+    return [*units, data[starts[-1] :]] if starts else []
+
+
+def boxes(data: bytes) -> list[tuple[bytes, bytes]]:
+    """The top-level boxes of `data`: (type, the whole box)."""
+    found, at = [], 0
+    while at + 8 <= len(data):
+        size, kind = struct.unpack(">I4s", data[at : at + 8])
+        if size < 8:
+            break
+        found.append((kind, data[at : at + size]))
+        at += size
+    return found
+
+
+def _box(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I4s", 8 + len(body), kind) + body
+
+
+def _full(kind: bytes, version: int, flags: int, body: bytes) -> bytes:
+    return _box(kind, struct.pack(">I", (version << 24) | flags) + body)
+
+
+def _timescale(init: bytes) -> int:
+    at = init.index(b"mdhd") + 4
+    version = init[at]
+    at += 4 + (16 if version else 8)
+    return int(struct.unpack(">I", init[at : at + 4])[0])
+
+
+def _track_id(init: bytes) -> int:
+    at = init.index(b"trex") + 8
+    return int(struct.unpack(">I", init[at : at + 4])[0])
