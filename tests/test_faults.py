@@ -213,3 +213,21 @@ def test_a_daemon_killed_mid_stream_leaves_no_partial_file(make_daemon) -> None:
     assert "removed 1 partial files a killed instance left" in d.log()
     assert all(path.read_bytes() == b"not the daemon's" for path in lookalikes)
     assert not (out / "jobs" / "midstream.mp4").exists()
+
+
+def test_a_live_package_on_a_full_disk_fails_its_encode_cleanly(
+    make_daemon, connect, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """A real ENOSPC under a live package: DISK_FULL, as for files; no half-written file
+    is left in the package; the daemon serves on."""
+    from client import Live
+
+    with tmpfs(tmp_path / "small", "1M") as root:
+        d = make_daemon(output_dir=str(root))
+        with connect(d) as c:
+            with pytest.raises(ResourceExhausted, match="no space left") as info:
+                c.encode(noisy(40), crf=0, live=Live("full", segment_s=1, part_s=0.25))
+            assert info.value.reason is Reason.DISK_FULL
+            assert "live package" in str(info.value)
+            assert not [p.name for p in (root / "full").iterdir() if p.name.startswith(".")]
+            assert c.encode(moving_pattern(2, 32, 32)).frames == 2

@@ -253,13 +253,13 @@ class ResolvedCodec:
 
     def for_live(self, keyframe_every: int) -> ResolvedCodec:
         """These settings for a live package: a keyframe exactly every `keyframe_every`
-        frames (each segment starts with one; no scene-cut keyframes between), and an
-        encoder that holds no frame back (x264's zerolatency: no B-frames, no lookahead;
-        the job gives it slice threads), so that a part goes out as soon as its last
-        frame is in, even while a stream pauses between chunks."""
+        frames (each segment starts with one; no scene-cut keyframes between), and no
+        B-frames, so that packets come in presentation order. The profile's lookahead
+        stays: x264 without it (its zerolatency tune) made 7.6x the bytes at the same
+        CRF (832x480x96 with grain, 2-core machine); a part is named as soon as its last
+        packet leaves the encoder, which holds the lookahead's frames until more come."""
         options = {
             **self.options,
-            "tune": "zerolatency",
             "bf": "0",
             "sc_threshold": "0",
             "keyint_min": str(keyframe_every),

@@ -29,7 +29,7 @@ from .cli_args import build_parser, join_negative_values
 from .exits import EXIT_INTERRUPTED, Terminated, terminate
 
 if TYPE_CHECKING:
-    from client import SidecarClient
+    from client import Live, SidecarClient
 
 log = logging.getLogger("sidecar")
 T = TypeVar("T")
@@ -248,8 +248,18 @@ def encode(args: argparse.Namespace) -> int:
             shm_prefix=args.shm_prefix,
             thumbnail=thumbnail,
             sprite_sheet=sprite_sheet,
+            live=_live(args),
         )
     )
+
+
+def _live(args: argparse.Namespace) -> Live | None:
+    """`--live FOLDER` and its lengths; the daemon judges their ranges."""
+    from client import Live
+
+    if args.live is None:
+        return None
+    return Live(args.live, args.live_segment, args.live_part, overwrite=args.overwrite)
 
 
 @contextlib.contextmanager

@@ -314,6 +314,31 @@ def _encode(commands: Commands) -> None:
     _add_codec_options(encode)
     _add_media_options(encode)
     add_preview_options(encode)
+    _add_live_options(encode)
+
+
+def _add_live_options(encode: argparse.ArgumentParser) -> None:
+    """A live LL-HLS/CMAF package beside the output (docs/live.md)."""
+    encode.add_argument(
+        "--live",
+        metavar="FOLDER",
+        help="also write a live LL-HLS/CMAF package into FOLDER of the daemon's output root "
+        "(index.m3u8, init.mp4, segments and parts; H.264)",
+    )
+    encode.add_argument(
+        "--live-segment",
+        type=positive_float,
+        default=2.0,
+        metavar="S",
+        help="the package's segment length in seconds, a keyframe each [default: 2]",
+    )
+    encode.add_argument(
+        "--live-part",
+        type=positive_float,
+        default=0.5,
+        metavar="S",
+        help="the package's LL-HLS part length in seconds [default: 0.5]",
+    )
 
 
 def _add_codec_options(encode: argparse.ArgumentParser) -> None:

@@ -17,6 +17,7 @@ from typing import Any, TextIO
 
 from client import (
     EncodeResult,
+    Live,
     Preview,
     SidecarClient,
     SidecarError,
@@ -53,6 +54,7 @@ class EncodeCommand:
     shm_prefix: str = ""
     thumbnail: Thumbnail | None = None  # written beside the output
     sprite_sheet: SpriteSheet | None = None
+    live: Live | None = None  # a live package in the daemon's output root
 
     def preview_formats(self) -> dict[str, str]:
         """The image format of each preview asked for, by its kind."""
@@ -202,6 +204,7 @@ def _encode(
             preset=cmd.preset,
             thumbnail=cmd.thumbnail,
             sprite_sheet=cmd.sprite_sheet,
+            live=cmd.live,
         )
     for notice in noticed:
         if issubclass(notice.category, UserWarning):

@@ -157,11 +157,8 @@ class Scheduler:
     def threading(self, job: EncodeJob) -> tuple[int, str, int]:
         """(threads, thread_type, cores) for a job: the request's or config's count, else
         what a share of the cores calls for; and the share, which segments divide."""
-        # A stream's length is unknown: treat it as long (frame threads). A live package
-        # is cut as frames come: slice threads, which hold no frame back.
+        # A stream's length is unknown: treat it as long (frame threads).
         frames, height = job.plan.frames_total or 1 << 20, job.plan.geometry.height
-        if job.plan.live is not None:
-            frames = 1
         asked = job.plan.threads or self.encoder_threads
         share = asked or cpu_count() // max(1, self.active)
         threads, thread_type = threading_for(

@@ -194,7 +194,12 @@ class LivePackage:
         self._write_playlist()
 
     def _write_playlist(self) -> None:
-        self._write(PLAYLIST, self.playlist().encode())
+        # First once whole segments of three target durations are in it (HOLD-BACK's
+        # default, where players begin): Chromium's own player refuses a live playlist of
+        # less (DEMUXER_ERROR_COULD_NOT_PARSE), and a player joining sooner would wait.
+        whole = sum(segment.frames for segment in self._segments if segment.closed)
+        if self._ended or whole >= 3 * self.layout.target_duration * self.layout.fps:
+            self._write(PLAYLIST, self.playlist().encode())
 
     def playlist(self) -> str:
         layout = self.layout
