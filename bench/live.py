@@ -8,7 +8,7 @@
   from a part's frames sent to the playlist naming it, polled every millisecond (the
   encoder holds its lookahead's frames, so a part leaves it with the next chunk);
 - the same four seconds as a stream with and without a package, end to end: what the
-  package and its settings (no B-frames, a keyframe a segment) cost in time and bytes.
+  package and its settings (a keyframe a segment) cost in time and bytes.
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ class TimedPackage(LivePackage):
         super().__init__(layout)
         self.latency_ms: list[float] = []
 
-    def add(self, data: bytes, keyframe: bool) -> None:
+    def add(self, data: bytes, keyframe: bool, pts: int, dts: int) -> None:
         before, t0 = self.parts_written, time.perf_counter()
-        super().add(data, keyframe)
+        super().add(data, keyframe, pts, dts)
         if self.parts_written > before and (self.layout.folder / "index.m3u8").exists():
             self.latency_ms.append((time.perf_counter() - t0) * 1e3)
 

@@ -3,10 +3,11 @@ fragments (`moof` + `mdat`), written here from the encoder's packets.
 
 FFmpeg's fragmenting muxer cuts a fragment only when the next packet arrives (or at the
 end), so the last part before a pause in a stream would wait for the next chunk. Writing
-the fragment boxes here lets a part go out the moment its last packet exists. Only what a
-video track without B-frames needs is written (the live package encodes without them):
-decode time equals presentation time, and every sample carries its duration, size and
-sync flag.
+the fragment boxes here lets a part go out the moment its last packet exists. Only what
+one video track needs is written: each sample's duration, size, sync flag and
+composition offset (signed, `trun` version 1: with B-frames a sample is presented before
+or after it is decoded). Decode times are shifted by the encoder's delay so that they
+start at 0 and the first frame is presented at 0, with no edit list.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class LiveSink(Protocol):
     """Where an encoder's packets go beside its container: a live package."""
 
     def start(self, init: Init) -> None: ...
-    def add(self, data: bytes, keyframe: bool) -> None: ...
+    def add(self, data: bytes, keyframe: bool, pts: int, dts: int) -> None: ...
     def finish(self) -> None: ...
 
 
@@ -38,6 +39,7 @@ class LiveSink(Protocol):
 class Sample:
     data: bytes
     keyframe: bool
+    offset: int = 0  # presentation minus decode time, in frames
 
 
 @dataclass(frozen=True)
@@ -72,13 +74,15 @@ def fragment(
     tfhd = _full(b"tfhd", 0, 0x020000, struct.pack(">I", init.track_id))  # base is the moof
     tfdt = _full(b"tfdt", 1, 0, struct.pack(">Q", decode_time))
     entries = b"".join(
-        struct.pack(">III", duration, len(s.data), SYNC if s.keyframe else NOT_SYNC)
+        struct.pack(
+            ">IIIi", duration, len(s.data), SYNC if s.keyframe else NOT_SYNC, s.offset * duration
+        )
         for s in samples
     )
-    # data-offset, sample duration, size and flags present
+    # data-offset, sample duration, size, flags and composition offset present
     trun_size = 8 + 4 + 8 + len(entries)
     moof_size = 8 + len(mfhd) + 8 + len(tfhd) + len(tfdt) + trun_size
-    trun = _full(b"trun", 0, 0x000701, struct.pack(">Ii", len(samples), moof_size + 8) + entries)
+    trun = _full(b"trun", 1, 0x000F01, struct.pack(">Ii", len(samples), moof_size + 8) + entries)
     moof = _box(b"moof", mfhd + _box(b"traf", tfhd + tfdt + trun))
     assert len(moof) == moof_size
     return moof + _box(b"mdat", b"".join(s.data for s in samples))

@@ -341,7 +341,9 @@ class VideoEncoder:
     def _package(self, packets: list[av.Packet[Any]]) -> None:
         if self.live is not None:
             for packet in packets:
-                self.live.add(length_prefixed(bytes(packet)), packet.is_keyframe)
+                pts, dts = packet.pts, packet.dts
+                assert pts is not None and dts is not None  # an encoder's packet has both
+                self.live.add(length_prefixed(bytes(packet)), packet.is_keyframe, pts, dts)
 
     def abort(self) -> None:
         """Stop without finishing; the caller discards the output. A live package is

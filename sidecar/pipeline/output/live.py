@@ -123,6 +123,7 @@ class LivePackage:
         self._fragments = 0
         self._bytes = 0
         self._ended = False
+        self._delay: int | None = None  # frames the encoder's decode times run ahead
         self.parts_written = 0
 
     # -- writing -------------------------------------------------------------------------
@@ -136,14 +137,17 @@ class LivePackage:
         self._init = init
         self._write(INIT, init.data)
 
-    def add(self, data: bytes, keyframe: bool) -> None:
-        """One encoded frame, in decode order (no B-frames: presentation order too)."""
+    def add(self, data: bytes, keyframe: bool, pts: int, dts: int) -> None:
+        """One encoded frame, in decode order; `pts` and `dts` in frames. Decode times
+        are shifted by the encoder's delay (its first packet's `-dts`) to start at 0."""
         if self._ended:
             return
+        if self._delay is None:
+            self._delay = max(0, -dts)
         if keyframe and (self._pending or self._open_bytes):
             self._flush_part()
             self._close_segment()  # a keyframe starts a segment
-        self._pending.append(Sample(data, keyframe))
+        self._pending.append(Sample(data, keyframe, pts - dts - self._delay))
         if len(self._pending) >= self.layout.part_frames:
             self._flush_part()
             segment = self._segments[-1]
