@@ -427,3 +427,25 @@ def test_the_cli_writes_a_package(daemon: Daemon, tmp_path: Path) -> None:
     assert pl is not None
     check_rules(pl, 30, 1.0, 0.25)
     assert len(decode(tmp_path / "v.mp4")[0]) == 30
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (lambda: Live(3), "live.folder"),  # type: ignore[arg-type]
+        (lambda: Live("x", segment_s="2"), "live.segment_s"),  # type: ignore[arg-type]
+        (lambda: Live("x", part_s=float("nan")), "live.part_s"),
+        (lambda: Live("x", overwrite=1), "live.overwrite"),  # type: ignore[arg-type]
+    ],
+)
+def test_live_checks_its_own_types(make: Any, words: str) -> None:
+    with pytest.raises(InvalidArgument, match=words):
+        make()
+
+
+def test_live_takes_a_folder_or_a_live(daemon: Daemon) -> None:
+    with daemon.client() as c, pytest.raises(InvalidArgument, match="a folder or a Live"):
+        c.encode(moving_pattern(2, 32, 32), live=5)  # type: ignore[arg-type]
+    with daemon.client() as c:
+        c.encode(moving_pattern(2, 32, 32), live=Path("as-path"))
+    assert playlist(daemon.output_dir / "as-path") is not None
