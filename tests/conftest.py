@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import secrets
@@ -65,10 +66,11 @@ def make_daemon() -> Iterator[Callable[..., Daemon]]:
             daemon.cleanup()
 
 
-@pytest.fixture(scope="module")
-def daemon() -> Iterator[Daemon]:
-    """One daemon shared by a module's tests (they must leave it as they found it)."""
-    d = Daemon(new_prefix()).start()
+@contextlib.contextmanager
+def running_daemon(**options: Any) -> Iterator[Daemon]:
+    """A daemon for a module's tests, checked as it stops: exit 0, no segment left, a
+    clean log."""
+    d = Daemon(new_prefix(), **options).start()
     yield d
     try:
         assert d.stop() == 0, d.log()
@@ -76,6 +78,13 @@ def daemon() -> Iterator[Daemon]:
         assert_clean_log(d)
     finally:
         d.cleanup()
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[Daemon]:
+    """One daemon shared by a module's tests (they must leave it as they found it)."""
+    with running_daemon() as d:
+        yield d
 
 
 @pytest.fixture(params=TWINS)

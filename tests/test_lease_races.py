@@ -22,6 +22,7 @@ import pytest
 from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
 
+from .conftest import running_daemon
 from .helpers import Daemon, RawFramed, decode
 
 W, H, N = 64, 48, 2  # a small video: 18 KiB of RGB
@@ -115,17 +116,10 @@ def _refusals(
 
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[Daemon]:
-    from .conftest import new_prefix
-
     # A stream of two chunks of N frames is over the limit.
     limits = {"max_frames": 2 * N - 1, "max_concurrent_encodes": 2}
-    d = Daemon(new_prefix(), slabs=2, slab_size="4MiB", **limits).start()
-    yield d
-    try:
-        assert d.stop() == 0, d.log()
-        assert d.segments() == []
-    finally:
-        d.cleanup()
+    with running_daemon(slabs=2, slab_size="4MiB", **limits) as d:
+        yield d
 
 
 def _pool(socket: str) -> pb.PoolStatus:

@@ -15,7 +15,6 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -31,19 +30,6 @@ from client.patterns import moving_pattern
 from .helpers import Daemon, decode
 
 FPS = 24
-
-
-@pytest.fixture(scope="module")
-def daemon() -> Iterator[Daemon]:
-    from .conftest import new_prefix
-
-    d = Daemon(new_prefix()).start()
-    yield d
-    try:
-        assert d.stop() == 0, d.log()
-        assert d.segments() == []
-    finally:
-        d.cleanup()
 
 
 def playlist(folder: Path) -> m3u8.M3U8 | None:
