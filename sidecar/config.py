@@ -16,8 +16,6 @@ them is in `pool_reason`.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -34,11 +32,11 @@ from .config_sources import Args, flag
 from .config_values import (
     AUTO,
     MAX_SLABS,
+    at_least_one,
     config_problems,
     default_concurrency,
     default_encoder_processes,
     default_output_dir,
-    default_shm_prefix,
     format_size,
     parse_bool,
     parse_float,
@@ -46,52 +44,17 @@ from .config_values import (
     parse_size,
     parse_slab_size,
     parse_slabs,
+    positive_seconds,
+    profile_name,
+    seconds_or_never,
+    shm_prefix_for,
 )
 from .pool import sizing as pool_sizing
-from .vocabulary import DEFAULT_PROFILE, PROFILES, default_socket
+from .vocabulary import DEFAULT_PROFILE, default_socket
 
 SHM_PREFIX_SHOWN = "video-sidecar-$UID"
 
-
-def shm_prefix_for(socket: str) -> str:
-    """The shm prefix of a daemon on `socket` when no setting names one: the same for
-    `serve`, and for the daemon `encode` and `demo` start when none answers.
-
-    The default socket gets `video-sidecar-$UID`. Any other gets that and the first 8 hex
-    digits of the sha256 of its absolute path: one daemon owns a prefix, so a daemon on a
-    second socket must not take the default daemon's.
-    """
-    path = os.path.abspath(socket)
-    if path == os.path.abspath(default_socket()):
-        return default_shm_prefix()
-    return f"{default_shm_prefix()}-{hashlib.sha256(path.encode()).hexdigest()[:8]}"
-
-
-def _at_least_one(text: str) -> int:
-    value = parse_int(text)
-    if value < 1:
-        raise ValueError(f"must be at least 1, got {value}")
-    return value
-
-
-def _positive_seconds(text: str) -> float:
-    value = parse_float(text)
-    if value <= 0:
-        raise ValueError(f"must be a positive number of seconds, got {value:g}")
-    return value
-
-
-def _profile(text: str) -> str:
-    if text not in PROFILES:
-        raise ValueError(f"must be one of {', '.join(PROFILES)}, got {text!r}")
-    return text
-
-
-def _seconds_or_never(text: str) -> float:
-    value = parse_float(text)
-    if value < 0:
-        raise ValueError(f"must be 0 (never) or a positive number of seconds, got {value:g}")
-    return value
+__all__ = ["Config", "shm_prefix_for"]
 
 
 def _pool_here() -> tuple[int, int, str]:
@@ -154,7 +117,7 @@ class Listening:
         metadata=flag(
             "connections the framed socket keeps open at once; more are refused "
             "(RESOURCE_EXHAUSTED)",
-            _at_least_one,
+            at_least_one,
             "N",
         ),
     )
@@ -163,7 +126,7 @@ class Listening:
         metadata=flag(
             "framed-socket connections one user (the peer's uid) keeps open at once; more "
             "are refused (RESOURCE_EXHAUSTED)",
-            _at_least_one,
+            at_least_one,
             "N",
         ),
     )
@@ -173,7 +136,7 @@ class Listening:
             "seconds a framed connection gets for its preamble, for a request once its "
             "first byte came, and to read on in a reply; then it is closed (the time "
             "between requests has no limit)",
-            _positive_seconds,
+            positive_seconds,
             "SECONDS",
         ),
     )
@@ -242,7 +205,7 @@ class Encoding:
             "encoder settings for requests that name none: fast (the most speed, files "
             "several times larger), balanced (diffusers' file sizes, fast) or small "
             "(smaller files, slower); docs/performance.md",
-            _profile,
+            profile_name,
             "NAME",
         ),
     )
@@ -350,7 +313,7 @@ class Operations:
         metadata=flag(
             "stop by itself once no client has called for this many seconds (0: never); "
             "the daemon export_to_video starts uses 600",
-            _seconds_or_never,
+            seconds_or_never,
             "SECONDS",
         ),
     )

@@ -5,6 +5,7 @@ typed Config from these."""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
 import os
 import re
@@ -12,6 +13,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from .vocabulary import PROFILES, default_socket
 
 ENV_PREFIX = "VIDEO_SIDECAR_"
 
@@ -230,3 +233,47 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"cannot read config file {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"config file {path}: {exc}") from None
+
+
+# Parsers of single settings, for the fields of `config.Config`.
+
+
+def shm_prefix_for(socket: str) -> str:
+    """The shm prefix of a daemon on `socket` when no setting names one: the same for
+    `serve`, and for the daemon `encode` and `demo` start when none answers.
+
+    The default socket gets `video-sidecar-$UID`. Any other gets that and the first 8 hex
+    digits of the sha256 of its absolute path: one daemon owns a prefix, so a daemon on a
+    second socket must not take the default daemon's.
+    """
+    path = os.path.abspath(socket)
+    if path == os.path.abspath(default_socket()):
+        return default_shm_prefix()
+    return f"{default_shm_prefix()}-{hashlib.sha256(path.encode()).hexdigest()[:8]}"
+
+
+def at_least_one(text: str) -> int:
+    value = parse_int(text)
+    if value < 1:
+        raise ValueError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    value = parse_float(text)
+    if value <= 0:
+        raise ValueError(f"must be a positive number of seconds, got {value:g}")
+    return value
+
+
+def profile_name(text: str) -> str:
+    if text not in PROFILES:
+        raise ValueError(f"must be one of {', '.join(PROFILES)}, got {text!r}")
+    return text
+
+
+def seconds_or_never(text: str) -> float:
+    value = parse_float(text)
+    if value < 0:
+        raise ValueError(f"must be 0 (never) or a positive number of seconds, got {value:g}")
+    return value
