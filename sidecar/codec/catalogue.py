@@ -31,6 +31,8 @@ class Profile:
     preset: str
     crf: int
     extra: Mapping[str, str] = field(default_factory=dict)
+    # Over `extra`, for a video whose first frame is grainy (see codec/grain.py).
+    grain: Mapping[str, str] = field(default_factory=dict)
 
 
 # "balanced" is the default (`--profile`): chosen by the rate-distortion-time suite
@@ -67,8 +69,15 @@ CODECS: dict[str, CodecChoice] = {
         _profiles(
             Profile("ultrafast", H264_PROFILE_CRF["fast"]),
             # aq-strength below x264's 1.0: fewer bits moved into flat areas, which on
-            # generated video bought size at no cost in PSNR or SSIM (bench/rdt.py)
-            Profile("veryfast", H264_PROFILE_CRF["balanced"], {"aq-strength": "0.7"}),
+            # generated video bought size at no cost in PSNR or SSIM (bench/rdt.py).
+            # Grain takes x264's full strength and a finer motion search instead: with
+            # the others' settings it lost 0.5-0.6 dB to export_to_video at its size.
+            Profile(
+                "veryfast",
+                H264_PROFILE_CRF["balanced"],
+                {"aq-strength": "0.7"},
+                {"aq-strength": "1.0", "x264-params": "subme=6"},
+            ),
             Profile("slow", H264_PROFILE_CRF["small"]),
         ),
         51,
@@ -209,9 +218,25 @@ class CodecSpec:
             **beneath(merge_options(choice.encoder, choice.quiet, self.extra), profile.extra),
             **rate,  # after VP9's b=0, which a bitrate replaces
         }
+        # The grain settings fill in only what the request left to the profile (a preset
+        # it names has its own motion search).
+        own = {key for key, _ in self.extra}
+        grain = {} if self.preset else {k: v for k, v in profile.grain.items() if k not in own}
         if ceiling is not None:
             ceiling.check(choice.encoder, preset, options)
-        return ResolvedCodec(choice, options, self.gop, self.threads)
+            if grain:
+                ceiling.check(choice.encoder, preset, under_grain(options, grain))
+        return ResolvedCodec(choice, options, self.gop, self.threads, grain)
+
+
+def under_grain(options: Mapping[str, str], grain: Mapping[str, str]) -> dict[str, str]:
+    """`options` with the grain settings over them; a params string's keys that `options`
+    already name (the request's own) stay as they are."""
+    merged = {**options, **grain}
+    for key in grain:
+        if key.endswith("-params") and key in options:
+            merged[key] = join_params({**split_params(grain[key]), **split_params(options[key])})
+    return merged
 
 
 def beneath(options: dict[str, str], defaults: Mapping[str, str]) -> dict[str, str]:
@@ -231,6 +256,14 @@ class ResolvedCodec:
     options: dict[str, str]
     gop: int | None
     threads: int
+    grain: Mapping[str, str] = field(default_factory=dict)  # see for_grain
+
+    def for_grain(self) -> ResolvedCodec:
+        """These settings for a video whose frames have grain (codec/grain.py): the
+        profile's grain settings over them, where the request left those to it."""
+        if not self.grain:
+            return self
+        return dataclasses.replace(self, options=under_grain(self.options, self.grain), grain={})
 
     def check_size(self, width: int, height: int) -> None:
         """InvalidRequest if the encoder is not to be given frames of this size."""
