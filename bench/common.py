@@ -220,17 +220,23 @@ def with_meta_defaults(meta: dict[str, Any]) -> dict[str, Any]:
 PROFILE_ENV = "VIDEO_SIDECAR_PROFILE"  # the daemon's --profile, as its environment says it
 
 
-def encode_settings(width: int = 0, height: int = 0, frames: int = 0) -> dict[str, Any]:
+def encode_settings(
+    width: int = 0, height: int = 0, frames: int = 0, first: np.ndarray | None = None
+) -> dict[str, Any]:
     """The x264 settings every variant uses for a video of this size and length: those of
     the daemon's profile (`--profile` sets $VIDEO_SIDECAR_PROFILE, which the bench's
     daemons read too), so that upstream_a and ffmpeg_pipe encode exactly as the sidecar
-    does."""
+    does. `first`: the video's first rgb24 frame, where the daemon measures it for grain
+    (frames sent from host memory; see sidecar/codec/grain.py)."""
     from sidecar.codec.catalogue import CodecSpec
-    from sidecar.vocabulary import DEFAULT_PROFILE
+    from sidecar.codec.grain import is_grainy
+    from sidecar.vocabulary import DEFAULT_PROFILE, PIXEL_FORMATS
 
     name = os.environ.get(PROFILE_ENV) or DEFAULT_PROFILE
-    options = CodecSpec(profile=name).resolve(video=(width, height, frames)).options
-    return {"codec": "libx264", "profile": name, "options": options, "fps": 24}
+    codec = CodecSpec(profile=name).resolve(video=(width, height, frames))
+    if first is not None and is_grainy(first, PIXEL_FORMATS["rgb24"], first.shape[0]):
+        codec = codec.measured(True)
+    return {"codec": "libx264", "profile": name, "options": codec.options, "fps": 24}
 
 
 def as_host(video: Any) -> np.ndarray:

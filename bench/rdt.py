@@ -52,7 +52,8 @@ import numpy as np
 
 from client.patterns import moving_pattern
 from sidecar.codec.catalogue import CodecSpec
-from sidecar.vocabulary import PROFILES
+from sidecar.codec.grain import is_grainy
+from sidecar.vocabulary import PIXEL_FORMATS, PROFILES
 
 from .common import Device, Row, git_commit, machine, parse_shape, read_json, write_json
 from .daemons import daemon, pool_for
@@ -181,10 +182,14 @@ def pyav_mp4(frames: np.ndarray, options: dict[str, str], thread_type: str | Non
     return buf.getvalue()
 
 
-def profile_options(profile: str, frames: np.ndarray) -> dict[str, str]:
-    """The x264 options a profile gives a request for these frames that names nothing else."""
+def profile_options(profile: str, frames: np.ndarray, measured: bool = True) -> dict[str, str]:
+    """The x264 options a profile gives a request for these frames that names nothing else
+    (`measured`: sent from host memory, where the daemon measures the first for grain)."""
     t, h, w, _ = frames.shape
-    return CodecSpec(profile=profile).resolve(video=(w, h, t)).options
+    codec = CodecSpec(profile=profile).resolve(video=(w, h, t))
+    if measured and is_grainy(frames[0], PIXEL_FORMATS["rgb24"], h):
+        codec = codec.measured(True)
+    return codec.options
 
 
 def export_to_video_way() -> Way:
@@ -215,7 +220,7 @@ def emulated_way() -> Way:
 
 def upstream_a_way(profile: str, device: Device) -> Way:
     def run(video: Any, frames: np.ndarray) -> bytes:
-        options = profile_options(profile, frames)
+        options = profile_options(profile, frames, measured=device.torch is None)
         if device.torch is not None:  # cached pinned D2H, as upstream does
             host = device.torch.empty(video.shape, dtype=video.dtype, pin_memory=True)
             host.copy_(video, non_blocking=True)

@@ -34,9 +34,11 @@ import numpy as np
 from .common import Device, as_host, encode_settings, parse_shape
 
 
-def pyav_encode(frames: np.ndarray, *, borrowed: bool) -> bytes:
-    """Encode (T, H, W, 3) rgb24 frames with PyAV's default threading, as upstream does."""
-    settings = encode_settings(frames.shape[2], frames.shape[1], frames.shape[0])
+def pyav_encode(frames: np.ndarray, *, borrowed: bool, measured: bool = False) -> bytes:
+    """Encode (T, H, W, 3) rgb24 frames with PyAV's default threading, as upstream does;
+    `measured`: with the settings for grain where the daemon would measure it."""
+    t, h, w = frames.shape[:3]
+    settings = encode_settings(w, h, t, frames[0] if measured else None)
     buf = io.BytesIO()
     with av.open(buf, "w", format="mp4") as container:
         stream = container.add_stream(settings["codec"], rate=Fraction(settings["fps"]))
@@ -82,6 +84,12 @@ class Variant:
         """Empty when usable; otherwise why not."""
         return ""
 
+    @property
+    def host_frames(self) -> bool:
+        """Whether the sidecar is sent frames from host memory, whose first frame it
+        measures for grain (not frames still landing from the GPU)."""
+        return self.device.torch is None
+
     def run(self, video: Any, shape: str) -> bytes:
         raise NotImplementedError
 
@@ -110,7 +118,7 @@ class UpstreamA(Variant):
             received = segment.array.reshape(host.shape).copy()  # receiver: out of SHM
         finally:
             segment.close()
-        return pyav_encode(received, borrowed=False)
+        return pyav_encode(received, borrowed=False, measured=self.host_frames)
 
 
 class UpstreamD(Variant):
@@ -134,7 +142,7 @@ class UpstreamD(Variant):
                     torch.cuda.current_stream().synchronize()
                 finally:
                     cudart.cudaHostUnregister(address)
-            return pyav_encode(view, borrowed=True)
+            return pyav_encode(view, borrowed=True, measured=self.host_frames)
         finally:
             del view
             segment.close()
@@ -149,7 +157,7 @@ class FfmpegPipe(Variant):
     def run(self, video: Any, shape: str) -> bytes:
         host = self._pinned_copy(video)
         w, h, t = parse_shape(shape)
-        settings = encode_settings(w, h, t)
+        settings = encode_settings(w, h, t, host[0] if self.host_frames else None)
         options = [a for k, v in settings["options"].items() for a in (f"-{k}", v)]
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "out.mp4"

@@ -378,3 +378,12 @@ def test_requests_never_wait_for_the_kernel_to_compile(
     first, _ = decode(before.data or b"")  # rgb24 (no kernel yet), converted in the daemon
     second, _ = decode(after.data or b"")  # 4:2:0 from the kernel
     assert psnr(first, rgb) >= 40 and psnr(second, rgb) >= 40
+
+
+def test_grain_is_measured_on_frames_still_landing(client: SidecarClient) -> None:
+    """A CUDA tensor's request goes before its frames land: the encode waits for the
+    first, measures it, and encodes grain with the grain settings (codec/grain.py)."""
+    for noise, wanted in ((4.0, b"subme=6"), (0.0, b"subme=2")):
+        video = torch.from_numpy(moving_pattern(24, 256, 448, noise=noise)).cuda()
+        data = client.encode(video, fps=24).data or b""
+        assert wanted in data, data[:2000]

@@ -65,16 +65,16 @@ def test_every_pixel_format_is_measured(name: str) -> None:
 def test_grain_settings_fill_in_only_what_the_request_left() -> None:
     profile = CodecSpec().resolve()
     assert profile.options["aq-strength"] == "0.7"
-    assert profile.for_grain().options["aq-strength"] == "1.0"
-    assert "subme=6" in profile.for_grain().options["x264-params"]
+    assert profile.measured(True).options["aq-strength"] == "1.0"
+    assert "subme=6" in profile.measured(True).options["x264-params"]
     own = CodecSpec(extra=(("aq-strength", "0.5"), ("x264-params", "subme=3:ref=2")))
-    mine = own.resolve().for_grain().options
+    mine = own.resolve().measured(True).options
     assert mine["aq-strength"] == "0.5"
     assert mine["x264-params"] == "subme=3:ref=2"
     # A preset named brings its own motion search; other profiles and codecs have none.
     for spec in (CodecSpec(preset="slow"), CodecSpec(profile="fast"), CodecSpec("vp9")):
         resolved = spec.resolve("webm" if spec.codec == "vp9" else "mp4")
-        assert resolved.for_grain() == resolved
+        assert resolved.measured(True) == resolved
 
 
 def test_the_daemon_encodes_grain_with_the_grain_settings(daemon: Daemon) -> None:
@@ -87,3 +87,16 @@ def test_the_daemon_encodes_grain_with_the_grain_settings(daemon: Daemon) -> Non
     assert "subme=6" in grain and "aq=1:1.00" in grain
     assert "subme=6" in named and "aq=1:0.60" in named
     assert "subme=0" in fast and "aq=0" in fast
+
+
+def test_a_stream_is_measured_on_its_first_chunk(daemon: Daemon) -> None:
+    with daemon.client() as client:
+        made = []
+        for video in (grainy(12), moving_pattern(12, H, W)):
+            with client.stream(fps=16) as stream:
+                for chunk in (video[:6], video[6:]):
+                    stream.write(chunk)
+            assert stream.result is not None and stream.result.frames == 12
+            made.append(settings(stream.result.data or b""))
+    assert "subme=6" in made[0] and "aq=1:1.00" in made[0]
+    assert "subme=2" in made[1] and "aq=1:0.70" in made[1]

@@ -256,14 +256,15 @@ class ResolvedCodec:
     options: dict[str, str]
     gop: int | None
     threads: int
-    grain: Mapping[str, str] = field(default_factory=dict)  # see for_grain
+    grain: Mapping[str, str] = field(default_factory=dict)  # see measured
 
-    def for_grain(self) -> ResolvedCodec:
-        """These settings for a video whose frames have grain (codec/grain.py): the
-        profile's grain settings over them, where the request left those to it."""
+    def measured(self, grainy: bool) -> ResolvedCodec:
+        """These settings once the video's first frame was measured (codec/grain.py): for
+        grain, the profile's grain settings over them, where the request left those to it."""
         if not self.grain:
             return self
-        return dataclasses.replace(self, options=under_grain(self.options, self.grain), grain={})
+        options = under_grain(self.options, self.grain) if grainy else self.options
+        return dataclasses.replace(self, options=options, grain={})
 
     def check_size(self, width: int, height: int) -> None:
         """InvalidRequest if the encoder is not to be given frames of this size."""

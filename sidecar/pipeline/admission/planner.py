@@ -8,7 +8,6 @@ owns those leases and frees each exactly once.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,15 +16,7 @@ import numpy as np
 
 from ...codec.audio_format import AudioFormat
 from ...codec.ceiling import CostCeiling
-from ...codec.frames import (
-    Geometry,
-    Limits,
-    PlacedRange,
-    borrow_frames,
-    check_geometry,
-    place_ranges,
-)
-from ...codec.grain import is_grainy
+from ...codec.frames import Geometry, Limits, PlacedRange, check_geometry, place_ranges
 from ...codec.landing import check_place
 from ...errors import InvalidRequest
 from ...pool.leases import Lease, LeaseTable
@@ -141,7 +132,6 @@ class Planner:
         """Plan a whole video (or a stream's header) and take its leases, all or none."""
         t0 = time.perf_counter()
         plan, ranges = self.plan(spec, stream=stream)
-        plan = self._for_content(plan, ranges)
         audio, audio_leases = self.audio_samples(spec.client_token, plan.audio, spec.audio.data)
         taken = [r.lease.id for r in ranges] + [lease.id for lease in audio_leases]
         self.leases.take(spec.client_token, taken)
@@ -152,20 +142,6 @@ class Planner:
         if not stream:
             feed.end()
         return Accepted(spec, plan, feed, audio, (time.perf_counter() - t0) * 1e3)
-
-    def _for_content(self, plan: EncodePlan, ranges: list[PlacedRange]) -> EncodePlan:
-        """The plan with its codec's grain settings where the first frame is grainy
-        (codec/grain.py). Only where that frame is already in memory: a stream's frames
-        come later, and frames still landing are not waited for; those keep the profile's
-        settings."""
-        if not plan.codec.grain or not ranges or plan.landed_at is not None:
-            return plan
-        first = ranges[0]
-        slab = self.slabset.slabs[first.lease.slab_id].array
-        frame = borrow_frames(slab, plan.geometry, dataclasses.replace(first, frame_count=1))[0]
-        if not is_grainy(frame, plan.geometry.layout, plan.geometry.height):
-            return plan
-        return dataclasses.replace(plan, codec=plan.codec.for_grain())
 
     def accept_audio(
         self, token: str, fmt: AudioFormat | None, pieces: tuple[AudioPiece, ...], feed: FrameFeed

@@ -109,6 +109,12 @@ class FrameFeed:
             return None
         return pieces  # type: ignore[return-value]
 
+    def first(self) -> Piece | None:
+        """The first piece queued, if any, left on the queue."""
+        with self._queue.mutex:
+            head = self._queue.queue[0] if self._queue.queue else None
+        return None if head is None or isinstance(head, End) else head
+
     def drain(self) -> tuple[list[Piece], End]:
         """Every piece of a whole video, queued at once, and its end (no waiting)."""
         pieces: list[Piece] = []

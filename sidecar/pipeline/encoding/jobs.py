@@ -12,7 +12,9 @@ once, when it runs: see routes, which runs it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import itertools
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Protocol
@@ -20,6 +22,7 @@ from typing import Protocol
 import numpy as np
 
 from ...codec.frames import PlacedRange, borrow_frames
+from ...codec.grain import is_grainy
 from ...codec.landing import Landing
 from ...errors import Cancelled, SidecarError
 from ...events import Emit, ProgressReporter
@@ -104,6 +107,7 @@ class EncodeJob:
         # video's slot is held for it from start to end.
         self.slots: Slots = HeldSlot()
         self.end: End | None = None  # what ended the feed, once `pieces` reached it
+        self._fed: Iterator[Piece] | None = None  # a stream's pieces, its first looked at
         # The previews asked for, made from each piece as the encode lets go of it.
         self.previews = self._preview_taker()
 
@@ -160,9 +164,49 @@ class EncodeJob:
 
     # -- its frames ----------------------------------------------------------------------
 
+    def settle_codec(self) -> None:
+        """Before an encoder opens: the codec's grain settings, taken or left on the first
+        frame (codec/grain.py), once it is here: a stream's first chunk is waited for,
+        and frames still landing their first. A job stopped meanwhile keeps the plan's
+        settings, and stops where it would have."""
+        plan = self.plan
+        if not plan.codec.grain:
+            return
+        piece = self._first_piece()
+        grainy = False
+        if piece is not None and self._landed_first():
+            frames = self.frames_of(piece)
+            geometry = plan.geometry
+            grainy = len(frames) > 0 and is_grainy(frames[0], geometry.layout, geometry.height)
+        self.plan = dataclasses.replace(plan, codec=plan.codec.measured(grainy))
+
+    def _first_piece(self) -> Piece | None:
+        if not self.is_stream:
+            return self.feed.first()  # every piece is queued already
+        fed = self._from_feed()
+        try:
+            first = next(fed)
+        except StopIteration:
+            first = None
+        self._fed = fed if first is None else itertools.chain([first], fed)
+        return first
+
+    def _landed_first(self) -> bool:
+        if self._landing is None:
+            return True
+        try:
+            self._landing.wait_for(1, self.check_stop)
+        except SidecarError:
+            return False
+        return True
+
     def pieces(self) -> Iterator[Piece]:
         """The feed's pieces in order, each encoded while the job holds an encode slot; at
         the feed's end, `self.end` is what ended it."""
+        fed, self._fed = self._fed, None
+        return fed if fed is not None else self._from_feed()
+
+    def _from_feed(self) -> Iterator[Piece]:
         while True:
             piece = self.feed.poll()
             if piece is None:  # nothing to encode: a stream waits holding no slot

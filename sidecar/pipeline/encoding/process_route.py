@@ -34,6 +34,7 @@ class InEncoderProcess:
         self._here = here
 
     def encode(self, job: EncodeJob, queue_s: float) -> EncodeOutcome:
+        job.settle_codec()  # a whole video: raises nothing
         outcome = self._elsewhere(job, queue_s)
         if outcome is not None:
             return outcome

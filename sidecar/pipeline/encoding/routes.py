@@ -74,6 +74,7 @@ class InDaemon:
         encoder: VideoEncoder | None = None
         error: BaseException | None = None
         try:
+            job.settle_codec()
             encoder, memfd = self._open(job)
             if job.audio is not None:
                 encoder.set_audio(job.audio)
