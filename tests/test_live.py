@@ -4,23 +4,15 @@ whole before any playlist names it, closed with ENDLIST, refused where it cannot
 from __future__ import annotations
 
 import contextlib
-import http.server
-import json
 import math
-import os
-import queue
 import shutil
-import signal
 import subprocess
-import tempfile
-import threading
 import time
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import av
-import m3u8
 import numpy as np
 import pytest
 
@@ -28,55 +20,14 @@ from client import AlreadyExists, InvalidArgument, Live
 from client.patterns import moving_pattern
 
 from .helpers import Daemon, decode
-
-FPS = 24
-
-
-def playlist(folder: Path) -> m3u8.M3U8 | None:
-    path = folder / "index.m3u8"
-    return m3u8.loads(path.read_text()) if path.exists() else None
-
-
-def check_named_files_are_whole(folder: Path, seen: dict[str, bytes]) -> int:
-    """Every file the playlist names exists, and never changes once named; how many
-    parts it names."""
-    text = (folder / "index.m3u8").read_text()
-    named = [line.split('URI="')[1].split('"')[0] for line in text.splitlines() if 'URI="' in line]
-    named += [line for line in text.splitlines() if line and not line.startswith("#")]
-    for name in named:
-        data = (folder / name).read_bytes()
-        assert seen.setdefault(name, data) == data, f"{name} changed after it was named"
-    return text.count("#EXT-X-PART:")
-
-
-def check_rules(pl: m3u8.M3U8, frames: int, segment_s: float, part_s: float) -> None:
-    """The playlist tags' rules (RFC 8216bis) that a player counts on."""
-    assert pl.media_sequence == 0
-    assert pl.is_endlist
-    assert pl.part_inf is not None and math.isclose(pl.part_inf.part_target, part_s)
-    assert pl.server_control.part_hold_back >= 2 * pl.part_inf.part_target
-    assert all(round(s.duration) <= pl.target_duration for s in pl.segments)
-    assert pl.target_duration == math.ceil(segment_s)
-    assert math.isclose(sum(s.duration for s in pl.segments), frames / FPS, abs_tol=1e-3)
-    assert pl.segment_map and pl.segment_map[0].uri == "init.mp4"
-
-
-def probe_frames(path: Path) -> int:
-    out = subprocess.run(
-        ["ffprobe", "-v", "error", "-count_frames", "-select_streams", "v:0",
-         "-show_entries", "stream=nb_read_frames", "-of", "csv=p=0", str(path)],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    return int(out.split()[0].strip(","))  # the stream, then the HLS program's copy
-
-
-def package_frames(folder: Path) -> np.ndarray:
-    """The package decoded as a player would: the init, then each segment in order."""
-    pl = playlist(folder)
-    assert pl is not None
-    data = (folder / "init.mp4").read_bytes()
-    data += b"".join((folder / s.uri).read_bytes() for s in pl.segments)
-    return decode(data)[0]
+from .live_helpers import (
+    FPS,
+    check_named_files_are_whole,
+    check_rules,
+    package_frames,
+    playlist,
+    probe_frames,
+)
 
 
 def test_a_stream_is_watchable_while_it_is_made(daemon: Daemon) -> None:
@@ -278,126 +229,6 @@ def test_the_package_plays_from_the_playlist_with_pyav(daemon: Daemon) -> None:
     first, last = float(frames[0].time), float(frames[-1].time)
     assert 0 <= first <= 2 / FPS + 1e-3
     assert last - first == pytest.approx(49 / FPS, abs=1e-3)
-
-
-PAGE = """<!doctype html><html><body><video id=v muted playsinline></video>
-<canvas id=c width=16 height=16></canvas><script>
-const v = document.getElementById('v'), c = document.getElementById('c').getContext('2d');
-const report = (what, extra) => fetch('/report', {method: 'POST', body: JSON.stringify(
-  Object.assign({what, t: v.currentTime, d: v.duration}, extra || {}))});
-const seen = [];
-let advancing = false;
-v.src = 'PLAYLIST';
-v.ontimeupdate = () => {
-  if (v.currentTime > 0.5 && !advancing) { advancing = true; report('advancing'); }
-  c.drawImage(v, 0, 0, 16, 16);
-  const p = c.getImageData(8, 8, 1, 1).data;
-  seen.push([v.currentTime, p[0], p[1], p[2]]);
-};
-v.onended = () => report('ended', {seen});
-v.onerror = () => report('error', {message: v.error && v.error.message});
-v.play().catch(e => report('error', {message: String(e)}));
-</script></body></html>"""
-
-PALETTE = [
-    (230, 40, 40), (40, 200, 60), (40, 80, 230), (230, 220, 40),
-    (200, 40, 200), (40, 220, 220), (240, 240, 240), (120, 60, 20),
-]  # fmt: skip
-
-
-def test_a_browser_watches_the_stream_while_it_is_made(daemon: Daemon) -> None:
-    """Chromium's own HLS player (no script library) plays the playlist while the stream
-    is still open; the finished package plays to its end: the duration is the video's,
-    and each second shows that second's colour."""
-    chromium = next(
-        filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None
-    )
-    if chromium is None:
-        pytest.skip("needs Chromium (Debian: apt-get install chromium)")
-    seconds = len(PALETTE)
-    video = np.empty((seconds * FPS, 96, 128, 3), np.uint8)
-    for i in range(len(video)):
-        video[i] = PALETTE[i // FPS]
-    reports: queue.Queue[dict[str, Any]] = queue.Queue()
-    root = daemon.output_dir
-
-    class Handler(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, directory=str(root), **kwargs)
-
-        def do_GET(self) -> None:
-            if self.path == "/page.html":
-                body = PAGE.replace("PLAYLIST", "browser/index.m3u8").encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/html")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-                return
-            super().do_GET()
-
-        def end_headers(self) -> None:
-            self.send_header("Cache-Control", "no-cache")  # a live playlist is re-read
-            super().end_headers()
-
-        def do_POST(self) -> None:
-            reports.put(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(204)
-            self.end_headers()
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/page.html"
-    browsers: list[tuple[subprocess.Popen[bytes], str]] = []
-
-    def open_page() -> None:
-        profile = tempfile.mkdtemp(prefix="vsd-chromium-")
-        process = subprocess.Popen(
-            [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-             "--autoplay-policy=no-user-gesture-required", f"--user-data-dir={profile}", url],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
-        browsers.append((process, profile))
-
-    def close_pages() -> None:
-        while browsers:
-            process, profile = browsers.pop()
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
-            shutil.rmtree(profile, ignore_errors=True)
-
-    try:
-        live = Live("browser", segment_s=1, part_s=0.25)
-        with daemon.client() as c, c.stream(fps=FPS, live=live) as s:
-            for start in range(0, len(video), 6):  # about real time: a quarter second a chunk
-                s.write(video[start : start + 6])
-                time.sleep(0.25)
-                if not browsers and (root / "browser" / "index.m3u8").exists():
-                    open_page()  # a viewer comes as soon as there is something to watch
-            watching = reports.get(timeout=30)
-            assert watching["what"] == "advancing", watching  # while the stream is open
-        close_pages()
-        open_page()  # the finished package, as a later viewer sees it
-        last = reports.get(timeout=60)
-        if last["what"] == "advancing":
-            last = reports.get(timeout=60)
-        assert last["what"] == "ended", last
-        assert last["d"] == pytest.approx(seconds, abs=0.05)
-        checked = 0
-        for t, *rgb in last["seen"]:
-            second, into = divmod(t, 1.0)
-            if 0.2 < into < 0.8 and int(second) < seconds:
-                assert np.abs(np.array(rgb) - PALETTE[int(second)]).max() < 40, (t, rgb)
-                checked += 1
-        assert checked >= 3
-    finally:
-        close_pages()
-        server.shutdown()
-        server.server_close()
 
 
 def test_the_cli_writes_a_package(daemon: Daemon, tmp_path: Path) -> None:
