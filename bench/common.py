@@ -226,8 +226,8 @@ def encode_settings(
     """The x264 settings every variant uses for a video of this size and length: those of
     the daemon's profile (`--profile` sets $VIDEO_SIDECAR_PROFILE, which the bench's
     daemons read too), so that upstream_a and ffmpeg_pipe encode exactly as the sidecar
-    does. `first`: the video's first rgb24 frame, where the daemon measures it for grain
-    (frames sent from host memory; see sidecar/codec/grain.py)."""
+    does. `first`: the video's first rgb24 frame, which the daemon measures for grain
+    (sidecar/codec/grain.py)."""
     from sidecar.codec.catalogue import CodecSpec
     from sidecar.codec.grain import is_grainy
     from sidecar.vocabulary import DEFAULT_PROFILE, PIXEL_FORMATS

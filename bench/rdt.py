@@ -182,12 +182,12 @@ def pyav_mp4(frames: np.ndarray, options: dict[str, str], thread_type: str | Non
     return buf.getvalue()
 
 
-def profile_options(profile: str, frames: np.ndarray, measured: bool = True) -> dict[str, str]:
+def profile_options(profile: str, frames: np.ndarray) -> dict[str, str]:
     """The x264 options a profile gives a request for these frames that names nothing else
-    (`measured`: sent from host memory, where the daemon measures the first for grain)."""
+    (the first frame measured for grain, as the daemon does)."""
     t, h, w, _ = frames.shape
     codec = CodecSpec(profile=profile).resolve(video=(w, h, t))
-    if measured and is_grainy(frames[0], PIXEL_FORMATS["rgb24"], h):
+    if is_grainy(frames[0], PIXEL_FORMATS["rgb24"], h):
         codec = codec.measured(True)
     return codec.options
 
@@ -220,7 +220,7 @@ def emulated_way() -> Way:
 
 def upstream_a_way(profile: str, device: Device) -> Way:
     def run(video: Any, frames: np.ndarray) -> bytes:
-        options = profile_options(profile, frames, measured=device.torch is None)
+        options = profile_options(profile, frames)
         if device.torch is not None:  # cached pinned D2H, as upstream does
             host = device.torch.empty(video.shape, dtype=video.dtype, pin_memory=True)
             host.copy_(video, non_blocking=True)

@@ -34,11 +34,11 @@ import numpy as np
 from .common import Device, as_host, encode_settings, parse_shape
 
 
-def pyav_encode(frames: np.ndarray, *, borrowed: bool, measured: bool = False) -> bytes:
-    """Encode (T, H, W, 3) rgb24 frames with PyAV's default threading, as upstream does;
-    `measured`: with the settings for grain where the daemon would measure it."""
+def pyav_encode(frames: np.ndarray, *, borrowed: bool) -> bytes:
+    """Encode (T, H, W, 3) rgb24 frames with PyAV's default threading, as upstream does,
+    at the daemon's settings for them (its first frame measured for grain, as there)."""
     t, h, w = frames.shape[:3]
-    settings = encode_settings(w, h, t, frames[0] if measured else None)
+    settings = encode_settings(w, h, t, frames[0])
     buf = io.BytesIO()
     with av.open(buf, "w", format="mp4") as container:
         stream = container.add_stream(settings["codec"], rate=Fraction(settings["fps"]))
@@ -84,12 +84,6 @@ class Variant:
         """Empty when usable; otherwise why not."""
         return ""
 
-    @property
-    def host_frames(self) -> bool:
-        """Whether the sidecar is sent frames from host memory, whose first frame it
-        measures for grain (not frames still landing from the GPU)."""
-        return self.device.torch is None
-
     def run(self, video: Any, shape: str) -> bytes:
         raise NotImplementedError
 
@@ -118,7 +112,7 @@ class UpstreamA(Variant):
             received = segment.array.reshape(host.shape).copy()  # receiver: out of SHM
         finally:
             segment.close()
-        return pyav_encode(received, borrowed=False, measured=self.host_frames)
+        return pyav_encode(received, borrowed=False)
 
 
 class UpstreamD(Variant):
@@ -142,7 +136,7 @@ class UpstreamD(Variant):
                     torch.cuda.current_stream().synchronize()
                 finally:
                     cudart.cudaHostUnregister(address)
-            return pyav_encode(view, borrowed=True, measured=self.host_frames)
+            return pyav_encode(view, borrowed=True)
         finally:
             del view
             segment.close()
@@ -157,7 +151,7 @@ class FfmpegPipe(Variant):
     def run(self, video: Any, shape: str) -> bytes:
         host = self._pinned_copy(video)
         w, h, t = parse_shape(shape)
-        settings = encode_settings(w, h, t, host[0] if self.host_frames else None)
+        settings = encode_settings(w, h, t, host[0])
         options = [a for k, v in settings["options"].items() for a in (f"-{k}", v)]
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "out.mp4"

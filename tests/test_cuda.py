@@ -385,5 +385,5 @@ def test_grain_is_measured_on_frames_still_landing(client: SidecarClient) -> Non
     first, measures it, and encodes grain with the grain settings (codec/grain.py)."""
     for noise, wanted in ((4.0, b"subme=6"), (0.0, b"subme=2")):
         video = torch.from_numpy(moving_pattern(24, 256, 448, noise=noise)).cuda()
-        data = client.encode(video, fps=24).data or b""
+        data = client.encode(video, fps=24, profile="balanced").data or b""
         assert wanted in data, data[:2000]
