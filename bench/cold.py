@@ -98,18 +98,29 @@ def _burst(
     role: str, socket: str, device: str, video: Any, shape: str, idle: float, waves: int
 ) -> dict:
     clients: list[Any] = []
+    lock = threading.Lock()
+    stages: list[list[dict[str, float]]] = []  # each wave's requests' stage timings
+
+    def encode(c: Any) -> None:
+        timings = c.encode(video).timings.as_dict()
+        with lock:
+            stages[-1].append({k: v for k, v in timings.items() if isinstance(v, float)})
+
     if role == "burst":
         from client import SidecarClient
 
         clients = [SidecarClient(socket) for _ in range(8)]
-        send = [lambda c=c: c.encode(video) for c in clients]
+        send = [lambda c=c: encode(c) for c in clients]
     else:
         ways = [_upstream(device) for _ in range(8)]
         send = [lambda w=w: w.run(video, shape) for w in ways]
     time.sleep(idle)
-    wave_ms = [_together(send) for _ in range(waves)]
+    wave_ms = []
+    for _ in range(waves):
+        stages.append([])
+        wave_ms.append(_together(send))
+    stages.append([])  # the steady requests'
     steady: list[float] = []
-    lock = threading.Lock()
 
     def back_to_back(fn: Any) -> None:
         times = [_timed(fn) for _ in range(STEADY)]
@@ -123,7 +134,11 @@ def _burst(
         t.join()
     for c in clients:
         c.close()
-    return {"waves_ms": wave_ms, "steady_ms": statistics.median(steady)}
+    medians = [
+        {k: round(statistics.median(t[k] for t in wave), 2) for k in wave[0]} if wave else {}
+        for wave in stages
+    ]
+    return {"waves_ms": wave_ms, "steady_ms": statistics.median(steady), "stages_ms": medians}
 
 
 def _together(send: list[Any]) -> float:
@@ -204,6 +219,16 @@ def summary(results: dict) -> str:
         f"| steady 8-client median | {burst['steady_ms']:.1f} ms | "
         f"{up_burst['steady_ms']:.1f} ms |",
     ]
+    stages = burst.get("stages_ms") or []
+    if stages and stages[0]:
+        names = [k for k in stages[0] if any(wave.get(k, 0) >= 0.5 for wave in stages)]
+        lines += ["", "The burst's stages, median per wave (ms; last: the steady requests):",
+                  "", "| wave | " + " | ".join(n.removesuffix("_ms") for n in names) + " |",
+                  "| --- |" + " ---: |" * len(names)]  # fmt: skip
+        for i, wave in enumerate(stages):
+            label = "steady" if i == len(stages) - 1 else str(i + 1)
+            cells = " | ".join(f"{wave.get(n, 0):.1f}" for n in names)
+            lines.append(f"| {label} | {cells} |")
     return "\n".join(lines)
 
 
