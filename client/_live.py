@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import posixpath
 from dataclasses import dataclass
 
 from sidecar.api.v1 import sidecar_pb2 as pb
@@ -16,7 +17,11 @@ class Live:
     """Where and how the daemon writes a live package of the video, as it encodes it:
     `folder` under its output root (relative, or absolute inside it); media segments of
     `segment_s` seconds (1-10), each starting with a keyframe; LL-HLS parts of `part_s`
-    seconds (0.1-2, at most half a segment). `overwrite` replaces a package there."""
+    seconds (0.1-2, at most half a segment). `overwrite` replaces a package there.
+
+    What viewers open, as paths like `folder`: `playlist` (the video's media playlist,
+    always), and, where the encode has audio, `multivariant_playlist`: the video with
+    its audio rendition."""
 
     folder: str | os.PathLike[str]
     segment_s: float = 2.0
@@ -35,6 +40,14 @@ class Live:
                 raise InvalidArgument(f"live.{name}: a finite number of seconds, got {value!r}")
         if not isinstance(self.overwrite, bool):
             raise InvalidArgument(f"live.overwrite: True or False, got {self.overwrite!r}")
+
+    @property
+    def playlist(self) -> str:
+        return posixpath.join(os.fspath(self.folder), "index.m3u8")
+
+    @property
+    def multivariant_playlist(self) -> str:
+        return posixpath.join(os.fspath(self.folder), "master.m3u8")
 
 
 def live_of(live: Live | str | os.PathLike[str] | None) -> Live | None:

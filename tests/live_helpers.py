@@ -66,7 +66,7 @@ def check_rules(
     """The playlist tags' rules (RFC 8216bis) that a player counts on."""
     assert pl.media_sequence == 0
     assert pl.is_endlist
-    assert pl.part_inf is not None and math.isclose(pl.part_inf.part_target, part_s)
+    assert pl.part_inf is not None and math.isclose(pl.part_inf.part_target, part_s, abs_tol=1e-5)
     assert pl.server_control.part_hold_back >= 2 * pl.part_inf.part_target
     assert all(round(s.duration) <= pl.target_duration for s in pl.segments)
     assert all(p.duration <= pl.part_inf.part_target + slack for s in pl.segments for p in s.parts)
@@ -140,7 +140,8 @@ PLAYERS = {
         "<script src='/vendor/hls.min.js'></script>",
         """const hls = new Hls({lowLatencyMode: true});
 hls.on(Hls.Events.ERROR, (e, data) => {
-  if (data.fatal) report('error', {message: data.type + ': ' + data.details}); });
+  if (data.fatal) report('error', {message: data.type + ': ' + data.details + ': ' +
+                                   (data.error ? data.error.message : data.reason)}); });
 hls.loadSource('PLAYLIST');
 hls.attachMedia(v);""",
     ),

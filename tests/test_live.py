@@ -53,6 +53,7 @@ def test_a_stream_is_watchable_while_it_is_made(daemon: Daemon) -> None:
     check_rules(pl, 108, 1.0, 0.5)
     assert [s.duration for s in pl.segments if s.uri] == [1.0, 1.0, 1.0, 1.0, 0.5]
     check_named_files_are_whole(folder, seen)
+    assert not (folder / "master.m3u8").exists()  # only where there is audio
     if shutil.which("ffprobe"):
         assert probe_frames(folder / "index.m3u8") == 108
     # One encode: the package and the MP4 hold the same pictures, bit for bit.
@@ -260,9 +261,77 @@ def test_live_checks_its_own_types(make: Any, words: str) -> None:
         make()
 
 
+def test_live_names_its_playlists() -> None:
+    live = Live(Path("jobs/42"))
+    assert live.playlist == "jobs/42/index.m3u8"
+    assert live.multivariant_playlist == "jobs/42/master.m3u8"
+
+
 def test_live_takes_a_folder_or_a_live(daemon: Daemon) -> None:
     with daemon.client() as c, pytest.raises(InvalidArgument, match="a folder or a Live"):
         c.encode(moving_pattern(2, 32, 32), live=5)  # type: ignore[arg-type]
     with daemon.client() as c:
         c.encode(moving_pattern(2, 32, 32), live=Path("as-path"))
     assert playlist(daemon.output_dir / "as-path") is not None
+
+
+def demuxed_audio(path: Path | bytes) -> list[bytes]:
+    import io
+
+    with av.open(io.BytesIO(path) if isinstance(path, bytes) else str(path)) as container:
+        return [bytes(p) for p in container.demux(audio=0) if p.size]
+
+
+def test_audio_goes_into_the_package_as_its_own_rendition(daemon: Daemon) -> None:
+    """Audio sent with a stream's opening: an audio rendition written as the chunks come,
+    beside the video's, under a multivariant playlist; the MP4's AAC packets, not a
+    second encode; as long as the video."""
+    folder = daemon.output_dir / "sound"
+    seen: dict[str, bytes] = {}
+    open_playlists: set[str] = set()
+    rate, frames = 48000, 96
+    t = np.arange(frames * rate // FPS) / rate
+    pcm = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)[:, None]
+    live = Live("sound", segment_s=1, part_s=0.25)
+    video = moving_pattern(frames, 96, 128)
+    with (
+        daemon.client() as c,
+        c.stream(fps=FPS, path="sound.mp4", live=live, audio=pcm, sample_rate=rate) as s,
+    ):
+        for start in range(0, frames, 12):
+            s.write(video[start : start + 12])
+            time.sleep(0.15)
+            for name in ("index.m3u8", "audio.m3u8", "master.m3u8"):
+                if (folder / name).exists() and name != "master.m3u8":
+                    check_named_files_are_whole(folder, seen, name)
+                    open_playlists.add(name)
+                elif (folder / name).exists():
+                    open_playlists.add(name)
+    assert open_playlists == {"index.m3u8", "audio.m3u8", "master.m3u8"}, open_playlists
+    for name in ("index.m3u8", "audio.m3u8"):
+        check_named_files_are_whole(folder, seen, name)
+    check_rules(playlist(folder), frames, 1.0, 0.25)  # type: ignore[arg-type]
+    audio = playlist(folder, "audio.m3u8")
+    assert audio is not None
+    aac_frame = 1024 / rate
+    check_rules(audio, frames, 1.0, 0.25 + 2 * aac_frame, "audio.mp4", slack=2 * aac_frame)
+    main = playlist(folder, "master.m3u8")
+    assert main is not None and main.is_variant
+    [variant] = main.playlists
+    info = variant.stream_info
+    assert info.codecs.startswith("avc1.64") and info.codecs.endswith(",mp4a.40.2")
+    assert info.resolution == (128, 96) and info.bandwidth > 0 and info.audio == "audio"
+    assert variant.uri == "index.m3u8"
+    [media] = main.media
+    assert (media.type, media.group_id, media.uri, media.default) == (
+        "AUDIO", "audio", "audio.m3u8", "YES"
+    )  # fmt: skip
+    # One audio encode: the package carries the MP4's AAC packets, in order.
+    carried = (folder / "audio.mp4").read_bytes()
+    carried += b"".join((folder / seg.uri).read_bytes() for seg in audio.segments)
+    assert demuxed_audio(carried) == demuxed_audio(daemon.output_dir / "sound.mp4")
+    # Read through the multivariant playlist: the video's frames, audio as long.
+    assert probe_frames(folder / "master.m3u8") == frames
+    with av.open(str(folder / "master.m3u8")) as container:
+        samples = sum(f.samples for f in container.decode(audio=0))
+    assert abs(samples / rate - frames / FPS) <= aac_frame

@@ -1,5 +1,7 @@
-"""CMAF pieces for a live package: the init segment, from FFmpeg's MP4 muxer, and media
-fragments (`moof` + `mdat`), written here from the encoder's packets.
+"""CMAF pieces for a live package: init segments, from FFmpeg's MP4 muxer, and media
+fragments (`moof` + `mdat`), written here from the encoders' packets (the video's, and
+the audio track's AAC packets where there is audio: each its own track, in its own
+files).
 
 FFmpeg's fragmenting muxer cuts a fragment only when the next packet arrives (or at the
 end), so the last part before a pause in a stream would wait for the next chunk. Writing
@@ -25,13 +27,17 @@ import av
 # depends on others and is not a sync sample.
 SYNC = 0x02000000
 NOT_SYNC = 0x01010000
+# Samples FFmpeg's AAC encoder puts ahead of the audio (its first packet's pts is -1024):
+# an edit list skips them, as FFmpeg's own MP4 muxer does.
+AAC_PRIMING = 1024
 
 
 class LiveSink(Protocol):
     """Where an encoder's packets go beside its container: a live package."""
 
-    def start(self, init: Init) -> None: ...
+    def start(self, init: Init, audio: Init | None = None) -> None: ...
     def add(self, data: bytes, keyframe: bool, pts: int, dts: int) -> None: ...
+    def add_audio(self, data: bytes, pts: int, duration: int) -> None: ...
     def finish(self) -> None: ...
 
 
@@ -40,6 +46,7 @@ class Sample:
     data: bytes
     keyframe: bool
     offset: int = 0  # presentation minus decode time, in frames
+    duration: int = 0  # in the track's timescale; 0: the fragment's own
 
 
 @dataclass(frozen=True)
@@ -47,35 +54,50 @@ class Init:
     """The init segment, and what fragments must agree with it on."""
 
     data: bytes
-    timescale: int  # of the video track's media time
+    timescale: int  # of the track's media time
     track_id: int
+    codec: str = ""  # as HLS's CODECS names it: "avc1.64001f", "mp4a.40.2"
+    width: int = 0
+    height: int = 0
+    channels: int = 0
 
 
-def init_segment(template: av.VideoStream, extradata: bytes | None, fps: Fraction) -> Init:
-    """The init segment (`ftyp` + `moov`) for the stream `template` encodes: one video
-    track, its codec headers from `extradata`."""
+def init_segment(
+    template: av.VideoStream | av.AudioStream, extradata: bytes | None, time_base: Fraction
+) -> Init:
+    """The init segment (`ftyp` + `moov`) for the stream `template` encodes: one track,
+    its codec headers from `extradata`, its media time in `time_base` (a video's: one
+    frame; AAC's: one sample)."""
     out = io.BytesIO()
     options = {"movflags": "empty_moov+default_base_moof+frag_custom+skip_trailer+cmaf"}
     with av.open(out, "w", format="mp4", options=options) as container:
         stream = container.add_stream_from_template(template)
         stream.codec_context.extradata = extradata
-        stream.time_base = Fraction(1) / fps
+        stream.time_base = time_base
         container.start_encoding()
     data = b"".join(box for kind, box in boxes(out.getvalue()) if kind in (b"ftyp", b"moov"))
-    return Init(data, _timescale(data), _track_id(data))
+    ctx = template.codec_context
+    if isinstance(ctx, av.AudioCodecContext):
+        data = _skip_priming(data, AAC_PRIMING)
+        return Init(data, _timescale(data), _track_id(data), "mp4a.40.2", channels=ctx.channels)
+    return Init(data, _timescale(data), _track_id(data), _avc1(data), ctx.width, ctx.height)
 
 
 def fragment(
     sequence: int, init: Init, decode_time: int, duration: int, samples: list[Sample]
 ) -> bytes:
-    """One `moof` + `mdat`: `samples`, each `duration` long in the track's timescale, the
-    first at `decode_time`. `sequence` counts fragments from 1."""
+    """One `moof` + `mdat`: `samples`, each `duration` long in the track's timescale (or its
+    own, where it has one), the first at `decode_time`. `sequence` counts fragments from 1."""
     mfhd = _full(b"mfhd", 0, 0, struct.pack(">I", sequence))
     tfhd = _full(b"tfhd", 0, 0x020000, struct.pack(">I", init.track_id))  # base is the moof
     tfdt = _full(b"tfdt", 1, 0, struct.pack(">Q", decode_time))
     entries = b"".join(
         struct.pack(
-            ">IIIi", duration, len(s.data), SYNC if s.keyframe else NOT_SYNC, s.offset * duration
+            ">IIIi",
+            s.duration or duration,
+            len(s.data),
+            SYNC if s.keyframe else NOT_SYNC,
+            s.offset * duration,
         )
         for s in samples
     )
@@ -135,6 +157,29 @@ def _timescale(init: bytes) -> int:
     version = init[at]
     at += 4 + (16 if version else 8)
     return int(struct.unpack(">I", init[at : at + 4])[0])
+
+
+def _skip_priming(init: bytes, samples: int) -> bytes:
+    """`init` with an edit list in its one track (`edts` after `tkhd`): presentation
+    starts `samples` into the media, where decode times start at the first packet."""
+    elst = _full(b"elst", 0, 0, struct.pack(">IIiHH", 1, 0, samples, 1, 0))
+
+    def edited(kind: bytes, box: bytes) -> bytes:
+        if kind == b"trak":
+            tkhd, *rest = [inner for _, inner in boxes(box[8:])]
+            return _box(b"trak", tkhd + _box(b"edts", elst) + b"".join(rest))
+        if kind == b"moov":
+            return _box(b"moov", b"".join(edited(*inner) for inner in boxes(box[8:])))
+        return box
+
+    return b"".join(edited(*box) for box in boxes(init))
+
+
+def _avc1(init: bytes) -> str:
+    """The RFC 6381 name of an H.264 track: its profile, constraints and level, as its
+    `avcC` box gives them."""
+    at = init.index(b"avcC") + 5  # past the type and configurationVersion
+    return "avc1." + init[at : at + 3].hex()
 
 
 def _track_id(init: bytes) -> int:

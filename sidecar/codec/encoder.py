@@ -24,7 +24,7 @@ import numpy as np
 from ..errors import InvalidRequest
 from .audio import AudioFormat, AudioTrack
 from .catalogue import AUDIO_CODECS, CONTAINERS, ResolvedCodec
-from .cmaf import LiveSink, init_segment, length_prefixed
+from .cmaf import Init, LiveSink, init_segment, length_prefixed
 from .colour import BT709, LIMITED_RANGE, FrameConverter
 from .frames import Geometry
 from .landing import Frames
@@ -190,8 +190,19 @@ class VideoEncoder:
         if live is not None:
             if headers_later:
                 raise RuntimeError("a live package takes its packets from one encoder")
-            live.start(init_segment(self._stream, self.extradata, geometry.fps))
+            live.start(
+                init_segment(self._stream, self.extradata, Fraction(1) / geometry.fps),
+                self._audio_init(),
+            )
         self.timings.open = time.perf_counter() - t0
+
+    def _audio_init(self) -> Init | None:
+        """The audio track's init segment, for a live package: where it is AAC (which
+        CMAF's HLS carries), its packets go to the package too."""
+        if self.audio is None or self.audio.stream.codec_context.name != "aac":
+            return None
+        stream = self.audio.stream
+        return init_segment(stream, stream.codec_context.extradata, Fraction(1, stream.rate))
 
     def _add_stream(self, threads: int, thread_type: str) -> av.video.stream.VideoStream:
         if self.headers_later:
@@ -258,7 +269,7 @@ class VideoEncoder:
         self._container.mux(packets)
         self.frames += frames
         if self.audio is not None:
-            self._container.mux(self.audio.encode_until(self.duration))
+            self._mux_audio(self.audio.encode_until(self.duration))
         self.timings.mux += time.perf_counter() - t0
 
     def encode(self, image: np.ndarray) -> None:
@@ -295,7 +306,7 @@ class VideoEncoder:
         self._container.mux(packets)
         self.frames += 1
         if self.audio is not None:
-            self._container.mux(self.audio.encode_until(self.duration))
+            self._mux_audio(self.audio.encode_until(self.duration))
         t3 = time.perf_counter()
         self.timings.encode += t2 - t1
         self.timings.mux += t3 - t2
@@ -313,10 +324,10 @@ class VideoEncoder:
         if not self.headers_later:
             self._drain(check)
         t1 = time.perf_counter()
+        if self.audio is not None:
+            self._mux_audio(self.audio.finish(self.duration))
         if self.live is not None:
             self.live.finish()
-        if self.audio is not None:
-            self._container.mux(self.audio.finish(self.duration))
         t2 = time.perf_counter()
         self._container.close()
         t3 = time.perf_counter()
@@ -344,6 +355,16 @@ class VideoEncoder:
                 pts, dts = packet.pts, packet.dts
                 assert pts is not None and dts is not None  # an encoder's packet has both
                 self.live.add(length_prefixed(bytes(packet)), packet.is_keyframe, pts, dts)
+
+    def _mux_audio(self, packets: list[Any]) -> None:
+        """The audio track's packets into the container, and, where the package takes
+        them, the same packets into the live package first."""
+        if self.live is not None and self.audio is not None and packets:
+            for packet in packets:
+                pts = packet.pts
+                assert pts is not None  # an encoder's packet has one
+                self.live.add_audio(bytes(packet), pts, packet.duration or 0)
+        self._container.mux(packets)
 
     def abort(self) -> None:
         """Stop without finishing; the caller discards the output. A live package is
