@@ -335,3 +335,26 @@ def test_audio_goes_into_the_package_as_its_own_rendition(daemon: Daemon) -> Non
     with av.open(str(folder / "master.m3u8")) as container:
         samples = sum(f.samples for f in container.decode(audio=0))
     assert abs(samples / rate - frames / FPS) <= aac_frame
+
+
+def test_audio_sent_with_the_end_is_packaged_at_the_end(daemon: Daemon) -> None:
+    """Audio declared at the opening, its samples sent with the end: the video's playlist
+    meanwhile, the audio rendition and the multivariant playlist once the stream ends."""
+    folder = daemon.output_dir / "later"
+    rate, frames = 48000, 192  # the encoder's lookahead holds back 40-odd frames
+    video = moving_pattern(frames, 64, 64)
+    with daemon.client() as c:
+        s = c.stream(fps=FPS, live=Live("later", segment_s=1), sample_rate=rate, channels=1)
+        for start in range(0, frames, 24):
+            s.write(video[start : start + 24])
+        deadline = time.monotonic() + 10
+        while not (folder / "index.m3u8").exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert not (folder / "audio.m3u8").exists() and not (folder / "master.m3u8").exists()
+        s.close(np.zeros((rate * frames // FPS, 1), np.float32), rate)
+    main = playlist(folder, "master.m3u8")
+    assert main is not None and main.media[0].uri == "audio.m3u8"
+    with av.open(str(folder / "master.m3u8")) as container:
+        samples = sum(f.samples for f in container.decode(audio=0))
+    assert abs(samples / rate - frames / FPS) <= 1024 / rate
