@@ -102,12 +102,16 @@ def test_a_whole_video_gets_a_package_beside_its_bytes(daemon: Daemon) -> None:
     assert np.array_equal(package_frames(daemon.output_dir / "whole"), decode(result.data)[0])
 
 
-def test_a_stopped_stream_closes_its_package_shorter(daemon: Daemon) -> None:
-    folder = daemon.output_dir / "stopped"
+@pytest.mark.parametrize("audio", [False, True])
+def test_a_stopped_stream_closes_its_package_shorter(daemon: Daemon, audio: bool) -> None:
+    name = f"stopped-{audio}"
+    folder = daemon.output_dir / name
+    sound = {"audio": np.zeros((48000 * 5, 1), np.float32), "sample_rate": 48000} if audio else {}
+    live = Live(name, segment_s=1)
     with daemon.client() as c:
         with (
             pytest.raises(RuntimeError, match="generator broke"),
-            c.stream(fps=FPS, path="stopped.mp4", live=Live("stopped", segment_s=1)) as s,
+            c.stream(fps=FPS, path=f"{name}.mp4", live=live, **sound) as s,
         ):
             s.write(moving_pattern(120, 64, 64))
             deadline = time.monotonic() + 10
@@ -120,10 +124,16 @@ def test_a_stopped_stream_closes_its_package_shorter(daemon: Daemon) -> None:
             assert time.monotonic() < deadline, "the package was not closed"
             time.sleep(0.02)
     assert len(pl.segments) >= 1, pl.dumps()
-    assert not (daemon.output_dir / "stopped.mp4").exists()  # the MP4 is all or nothing
+    assert not (daemon.output_dir / f"{name}.mp4").exists()  # the MP4 is all or nothing
     assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]
     frames = package_frames(folder)
     assert 72 <= len(frames) <= 120, pl.dumps()
+    if audio:  # its rendition closed too, under the multivariant playlist
+        sound_pl = playlist(folder, "audio.m3u8")
+        assert sound_pl is not None and sound_pl.is_endlist and sound_pl.segments
+        assert (folder / "master.m3u8").exists()
+    else:
+        assert not (folder / "audio.m3u8").exists()
 
 
 @pytest.mark.parametrize(
