@@ -485,7 +485,7 @@ def test_an_output_larger_than_a_slab_comes_in_chunks(make_daemon, connect) -> N
     rng = np.random.default_rng(3)
     noise = rng.integers(0, 256, (14, 192, 256, 3), dtype=np.uint8)  # lossless: ~1.3 MB
     with connect(d) as c:
-        out = c.encode(noise, crf=0).data
+        out = c.encode(noise, crf=0, preset="ultrafast").data
         status = c.status()
     assert out is not None and len(out) > 1024 * 1024
     assert len(decode(out)[0]) == 14
