@@ -225,9 +225,21 @@ def test_spare_lease_saves_a_round_trip(daemon: Daemon, connect, video: np.ndarr
         assert status.pool["leased_bytes"] == 2 * small_spare  # sized for the last request
 
 
-def _in_a_forked_child(action: Any, timeout: float) -> bytes:
+def _in_a_forked_child(action: Any, timeout: float, capfd: Any) -> bytes:
     """What `action()` returns in a child after fork (which then leaves at once), or
-    why there is nothing."""
+    why there is nothing.
+
+    gRPC runs its fork handlers only where no other thread of the parent is inside gRPC
+    at that moment (its own threads included); otherwise it says so on stderr and the
+    child's gRPC may hang. That fork is gRPC's limit, not the client's: it is made again."""
+    for _ in range(3):
+        answer = _fork_once(action, timeout)
+        if not answer.startswith(b"(no answer") or "skipping fork()" not in capfd.readouterr().err:
+            return answer
+    return answer
+
+
+def _fork_once(action: Any, timeout: float) -> bytes:
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -248,7 +260,7 @@ def _in_a_forked_child(action: Any, timeout: float) -> bytes:
 
 
 def test_close_in_a_forked_child_leaves_the_parents_spare_lease(
-    daemon: Daemon, connect, video: np.ndarray
+    daemon: Daemon, connect, video: np.ndarray, capfd: Any
 ) -> None:
     """A child after fork closing its copy of the client must not give back the parent's
     spare lease (nor use the parent's channel): the parent carries on with it."""
@@ -260,7 +272,7 @@ def test_close_in_a_forked_child_leaves_the_parents_spare_lease(
             c.close()
             return b"closed"
 
-        assert _in_a_forked_child(child, 20) == b"closed"
+        assert _in_a_forked_child(child, 20, capfd) == b"closed"
         status = c.status()
         assert status.pool["active_leases"] == 1, "the child gave the parent's spare back"
         granted = status.counters["leases_granted"]
@@ -268,7 +280,9 @@ def test_close_in_a_forked_child_leaves_the_parents_spare_lease(
         assert c.status().counters["leases_granted"] == granted + 1
 
 
-def test_a_forked_child_encodes_on_its_own_connection(daemon: Daemon, video: np.ndarray) -> None:
+def test_a_forked_child_encodes_on_its_own_connection(
+    daemon: Daemon, video: np.ndarray, capfd: Any
+) -> None:
     """A child after fork using the inherited client opens its own channel and connections;
     the parent's kept connection is left alone and carries on."""
     from client import SidecarClient, SidecarUnavailable
@@ -290,7 +304,7 @@ def test_a_forked_child_encodes_on_its_own_connection(daemon: Daemon, video: np.
             c.close()  # gives back the child's own spare lease
             return b"same" if same else b"different"
 
-        assert _in_a_forked_child(child, 30) == b"same"
+        assert _in_a_forked_child(child, 30, capfd) == b"same"
         assert c.encode(video[:4]).data == first
 
 
