@@ -114,18 +114,34 @@ def test_threads_for_short_and_long_clips() -> None:
     assert threading_for(4, 768, 16, converts=True) == (16, "SLICE")
 
 
-def test_small_frames_get_one_slice_thread_rather_than_two() -> None:
-    """Two slice threads on a frame under 1000 macroblocks become one; more stay."""
+def test_small_frames_get_one_slice_thread_rather_than_two_at_light_presets() -> None:
+    """Two slice threads on a frame under 1000 macroblocks become one at ultrafast or
+    superfast (or no preset named); from veryfast down, and with more threads, they stay."""
     limits = Limits(100, 8192, 8192, 1 << 40)
 
     def geometry(width: int, height: int) -> Geometry:
         return check_geometry(width, height, "rgb24", Fraction(24), limits)
 
-    assert slice_threads(geometry(448, 256), 2) == 1  # 448 macroblocks
-    assert slice_threads(geometry(448, 256), 5) == 5
-    assert slice_threads(geometry(672, 384), 2) == 2  # 1008 macroblocks
-    assert slice_threads(geometry(1344, 768), 2) == 2
-    assert slice_threads(geometry(64, 64), 1) == 1
+    assert slice_threads(geometry(448, 256), 2, "ultrafast") == 1  # 448 macroblocks
+    assert slice_threads(geometry(448, 256), 2, "superfast") == 1
+    assert slice_threads(geometry(448, 256), 2) == 1
+    assert slice_threads(geometry(448, 256), 2, "veryfast") == 2
+    assert slice_threads(geometry(448, 256), 2, "medium") == 2
+    assert slice_threads(geometry(448, 256), 5, "ultrafast") == 5
+    assert slice_threads(geometry(672, 384), 2, "ultrafast") == 2  # 1008 macroblocks
+    assert slice_threads(geometry(1344, 768), 2, "ultrafast") == 2
+    assert slice_threads(geometry(64, 64), 1, "veryfast") == 1
+
+
+def test_the_encoder_takes_the_slice_threads_its_preset_calls_for() -> None:
+    """What x264 is opened with: one slice thread at ultrafast, two at veryfast."""
+    limits = Limits(100, 8192, 8192, 1 << 40)
+    shape = check_geometry(448, 256, "rgb24", Fraction(24), limits)
+    for preset, threads in (("ultrafast", 1), ("veryfast", 2)):
+        codec = CodecSpec(preset=preset).resolve()
+        ctx = av.CodecContext.create("libx264", "w")
+        encoder_module.configure_context(ctx, shape, codec, 2, "SLICE")
+        assert ctx.thread_count == threads, preset
 
 
 def encode_reserved(

@@ -28,6 +28,16 @@ from sidecar.codec.codec_rules import Params
 from .helpers import Daemon, RawFramed
 
 LEASE = 64 * 1024
+# Each test's examples: the counts written below (some 6,200 requests in all) times
+# $VIDEO_SIDECAR_FUZZ_DEPTH; 0.4 unless set, which keeps the suite's time down, and a fresh
+# random draw each run. Set it to 1 or more for a deeper hunt.
+DEPTH = float(os.environ.get("VIDEO_SIDECAR_FUZZ_DEPTH", "0.4"))
+
+
+def examples(written: int) -> int:
+    return max(10, round(written * DEPTH))
+
+
 CLIENT_ERRORS = {
     grpc.StatusCode.INVALID_ARGUMENT,
     grpc.StatusCode.NOT_FOUND,
@@ -167,7 +177,7 @@ ranges = st.builds(
 
 
 @settings(
-    max_examples=1500,
+    max_examples=examples(1500),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
@@ -272,7 +282,7 @@ FIELDS = [
 
 
 @settings(
-    max_examples=1000,
+    max_examples=examples(1000),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
@@ -328,7 +338,7 @@ def test_one_bad_field(stub, field, number, text) -> None:  # type: ignore[no-un
 
 
 @settings(
-    max_examples=600,
+    max_examples=examples(600),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
@@ -402,7 +412,7 @@ def release_code(daemon, s, request: pb.ReleaseRequest, framed_way: bool) -> grp
     return call(s.Release, request)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     header=st.booleans(),
     width=st.integers(-2, 70),
@@ -492,7 +502,7 @@ def previews(draw) -> pb.Previews:  # type: ignore[no-untyped-def]
 
 
 @settings(
-    max_examples=300,
+    max_examples=examples(300),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
@@ -666,7 +676,7 @@ def _utf8(data: bytes) -> bool:
 
 
 @settings(
-    max_examples=1200,
+    max_examples=examples(1200),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
@@ -717,7 +727,7 @@ def test_raw_bytes(daemon: Daemon, stub, method: str, data) -> None:  # type: ig
 
 
 @settings(
-    max_examples=400,
+    max_examples=examples(400),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
@@ -809,7 +819,7 @@ def codec_extra(draw) -> tuple[str, dict[str, str]]:  # type: ignore[no-untyped-
 
 
 @settings(
-    max_examples=300,
+    max_examples=examples(300),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
@@ -858,7 +868,7 @@ def framed_tail(draw) -> tuple[bytes, bool]:  # type: ignore[no-untyped-def]
 
 
 @settings(
-    max_examples=600,
+    max_examples=examples(600),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )

@@ -76,7 +76,10 @@ def configure_context(
     if codec.gop is not None:
         ctx.gop_size = codec.gop
     ctx.thread_type = thread_type
-    ctx.thread_count = slice_threads(geometry, threads) if thread_type == "SLICE" else threads
+    if thread_type == "SLICE":
+        ctx.thread_count = slice_threads(geometry, threads, codec.options.get("preset", ""))
+    else:
+        ctx.thread_count = threads
     ctx.options = dict(codec.options)
 
 

@@ -26,18 +26,30 @@ def threading_for(
 
 
 PAIRED_SLICE_MIN_MACROBLOCKS = 1000
+# Presets from `veryfast` down do enough work per macroblock for a second slice thread to
+# pay on a small frame too (x264's and x265's names).
+WORKED_PRESETS = frozenset(
+    {"veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow", "placebo"}
+)
 
 
-def slice_threads(geometry: Geometry, threads: int) -> int:
-    """x264 slice threads for frames of `geometry`, given `threads`: one instead of two on
-    a frame under `PAIRED_SLICE_MIN_MACROBLOCKS`, where the second thread's hand-off each
-    frame costs more than it saves. On the 2-core machine 448x256x4 (448 macroblocks a
-    frame) encoded in 2.9-3.3 ms on one thread and in 3.5 ms on two, idle; with an encoder
-    opening beside it, as the daemon's processes do, in 3.5-3.6 ms and 3.6-4.8 ms. More
-    threads do pay: on the 16-core host five took 1.8-2.2 ms and one 3.4-4.5 ms. (The
-    colour converter keeps its `threads`.)"""
+def slice_threads(geometry: Geometry, threads: int, preset: str = "") -> int:
+    """x264 slice threads for frames of `geometry` at `preset`, given `threads`: one
+    instead of two on a frame under `PAIRED_SLICE_MIN_MACROBLOCKS` at a light preset
+    (`ultrafast`, `superfast`, or none named), where the second thread's hand-off each
+    frame costs more than it saves. At ultrafast on the 2-core machine 448x256x4 (448
+    macroblocks a frame) encoded in 2.9-3.3 ms on one thread and in 3.5 ms on two, idle;
+    with an encoder opening beside it, as the daemon's processes do, in 3.5-3.6 ms and
+    3.6-4.8 ms. At veryfast (`balanced`) two pay there: through the daemon, 0.83-0.84x of
+    upstream A's time against 0.95-1.01x on one (bench/results/2026-12-06-cpu2-slices.md).
+    More threads pay at any preset: on the 16-core host five took 1.8-2.2 ms and one
+    3.4-4.5 ms. (The colour converter keeps its `threads`.)"""
     macroblocks = ((geometry.width + 15) // 16) * ((geometry.height + 15) // 16)
-    if threads == 2 and macroblocks < PAIRED_SLICE_MIN_MACROBLOCKS:
+    if (
+        threads == 2
+        and macroblocks < PAIRED_SLICE_MIN_MACROBLOCKS
+        and preset not in WORKED_PRESETS
+    ):
         return 1
     return threads
 
