@@ -64,6 +64,12 @@ class ProcessMaps:
         # (a CUDA registration that could not be undone must not outlive its memory).
         self.before_unmap: Callable[[int], bool] | None = None
         self._kept: list[mmap.mmap] = []
+        # Base addresses whose page tables are filled in, or being filled in, and the one
+        # thread doing it: eight clients attaching at once start one, not eight (each
+        # would also hold up the others' thread starts, which wait for the kernel's lock
+        # on the address space while a fill holds it).
+        self._populated: set[int] = set()
+        self._populating: threading.Thread | None = None
 
     def acquire(self, shm_dir: str, slab: SlabInfo) -> tuple[str, np.ndarray]:
         """The slab's path and a flat uint8 array over its mapping, mapped if no client
@@ -98,6 +104,7 @@ class ProcessMaps:
 
     def _unmap(self, mapping: _Mapping) -> None:
         address = int(mapping.array.ctypes.data)
+        self._populated.discard(address)  # another mapping may come to the same address
         keep = self.before_unmap is not None and not self.before_unmap(address)
         del mapping.array
         if keep:
@@ -109,14 +116,38 @@ class ProcessMaps:
     def populate(self) -> None:
         """Fill in the page tables of every slab mapped here, off the requests' path (on
         a thread of its own, through libc: the call lets go of the GIL); where the kernel
-        cannot (before Linux 5.14), the copies fill them in as they go."""
+        cannot (before Linux 5.14), the copies fill them in as they go. Returns once
+        every slab's are, whichever thread filled them."""
+        self._fill()
+        running = self._populating  # one not yet started has claimed nothing: all filled
+        if running is None or running.ident is None or running is threading.current_thread():
+            return
+        running.join()
+
+    def _fill(self) -> None:
         for address in self.addresses():
+            with self._lock:
+                if address in self._populated:
+                    continue
+                self._populated.add(address)
             slab = self.slab_of(address)
             if slab is not None and not _madvise(*slab, MADV_POPULATE_WRITE):
                 return
 
+    def forget_filled(self) -> None:
+        self._populated = set()
+        self._populating = None
+
     def populate_in_background(self) -> None:
-        threading.Thread(target=self.populate, name="video-sidecar-populate", daemon=True).start()
+        """`populate` on a thread of its own, unless one runs or nothing is left to fill."""
+        with self._lock:
+            last = self._populating  # (started below, outside the lock: not yet alive)
+            running = last is not None and (last.ident is None or last.is_alive())
+            if running or all(a in self._populated for a in self.addresses()):
+                return
+            thread = threading.Thread(target=self._fill, name="video-sidecar-populate", daemon=True)
+            self._populating = thread
+        thread.start()
 
     def addresses(self) -> list[int]:
         """The base address of every slab mapped in this process (from any thread)."""
@@ -151,6 +182,9 @@ def _map(path: str, size: int) -> _Mapping:
 
 
 PROCESS_MAPS = ProcessMaps()
+# A child after fork has the mappings but not their page tables (fork leaves a shared
+# mapping's to be faulted in again), nor the parent's thread.
+os.register_at_fork(after_in_child=PROCESS_MAPS.forget_filled)
 
 
 class SlabMap:

@@ -317,6 +317,39 @@ def test_slabs_mapped_once_per_client(daemon: Daemon, client: Any, video: np.nda
     assert mapped_segments(daemon.prefix) <= before  # nothing mapped again
 
 
+def test_clients_attaching_at_once_fill_the_page_tables_once(
+    make_daemon: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight fresh clients of one process attaching together fill each slab's page tables
+    once, on one thread; `warm_up()` returns once they are filled, filling none again."""
+    from client import SidecarClient, _slabs
+
+    filled: list[int] = []
+    threads: set[int] = set()
+    real = _slabs._madvise
+
+    def counted(address: int, size: int, advice: int) -> bool:
+        filled.append(address)
+        threads.add(threading.get_ident())
+        return real(address, size, advice)
+
+    monkeypatch.setattr(_slabs, "_madvise", counted)
+    daemon = make_daemon()  # slabs this process has not mapped
+    clients = [SidecarClient(daemon.socket) for _ in range(8)]
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda c: c.attach(), clients))
+        clients[0].warm_up()
+        slabs = len(clients[0].attach().slabs)
+        assert sorted(filled) == sorted(set(filled)) and len(filled) == slabs
+        assert len(threads - {threading.get_ident()}) == 1  # one thread in the background
+        clients[1].warm_up()
+        assert len(filled) == slabs
+    finally:
+        for c in clients:
+            c.close()
+
+
 def test_daemon_refuses_second_instance_on_same_prefix(daemon: Daemon) -> None:
     twin = Daemon(daemon.prefix)
     try:

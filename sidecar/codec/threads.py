@@ -45,11 +45,7 @@ def slice_threads(geometry: Geometry, threads: int, preset: str = "") -> int:
     More threads pay at any preset: on the 16-core host five took 1.8-2.2 ms and one
     3.4-4.5 ms. (The colour converter keeps its `threads`.)"""
     macroblocks = ((geometry.width + 15) // 16) * ((geometry.height + 15) // 16)
-    if (
-        threads == 2
-        and macroblocks < PAIRED_SLICE_MIN_MACROBLOCKS
-        and preset not in WORKED_PRESETS
-    ):
+    if threads == 2 and macroblocks < PAIRED_SLICE_MIN_MACROBLOCKS and preset not in WORKED_PRESETS:
         return 1
     return threads
 
