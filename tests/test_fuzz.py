@@ -946,5 +946,5 @@ def test_still_serving_and_nothing_held(daemon: Daemon, stub) -> None:  # type: 
         assert status.active_encodes == 0
         assert status.pool["active_leases"] == 0  # every lease came back
         assert c.encode(__import__("numpy").zeros((2, 32, 32, 3), "uint8")).frames == 2
-    assert sum(v for k, v in COUNTS.items() if ":" not in k) >= 1500
-    assert sum(COUNTS.values()) >= 5000  # hostile requests in this module, all answered
+    assert sum(v for k, v in COUNTS.items() if ":" not in k) >= examples(1500)
+    assert sum(COUNTS.values()) >= examples(5000)  # hostile requests here, all answered
