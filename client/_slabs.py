@@ -119,10 +119,9 @@ class ProcessMaps:
         cannot (before Linux 5.14), the copies fill them in as they go. Returns once
         every slab's are, whichever thread filled them."""
         self._fill()
-        running = self._populating  # one not yet started has claimed nothing: all filled
-        if running is None or running.ident is None or running is threading.current_thread():
-            return
-        running.join()
+        running = self._populating
+        if running is not None and running is not threading.current_thread():
+            running.join()
 
     def _fill(self) -> None:
         for address in self.addresses():
@@ -136,18 +135,16 @@ class ProcessMaps:
 
     def forget_filled(self) -> None:
         self._populated = set()
-        self._populating = None
 
     def populate_in_background(self) -> None:
         """`populate` on a thread of its own, unless one runs or nothing is left to fill."""
-        with self._lock:
-            last = self._populating  # (started below, outside the lock: not yet alive)
-            running = last is not None and (last.ident is None or last.is_alive())
+        with self._lock:  # started under it: a second attach sees it alive
+            running = self._populating is not None and self._populating.is_alive()
             if running or all(a in self._populated for a in self.addresses()):
                 return
             thread = threading.Thread(target=self._fill, name="video-sidecar-populate", daemon=True)
+            thread.start()  # (`_fill` takes the lock only once this returns)
             self._populating = thread
-        thread.start()
 
     def addresses(self) -> list[int]:
         """The base address of every slab mapped in this process (from any thread)."""
@@ -183,7 +180,7 @@ def _map(path: str, size: int) -> _Mapping:
 
 PROCESS_MAPS = ProcessMaps()
 # A child after fork has the mappings but not their page tables (fork leaves a shared
-# mapping's to be faulted in again), nor the parent's thread.
+# mapping's to be faulted in again); the parent's thread is not alive there.
 os.register_at_fork(after_in_child=PROCESS_MAPS.forget_filled)
 
 
