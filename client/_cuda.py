@@ -19,6 +19,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,6 +47,14 @@ OVERLAP_BATCHES = 4  # fused 4:2:0 batches: smaller, converted while the last on
 # then overlaps the encode, and what the caller waits for is queueing the batches, some
 # 0.2 ms each (a kernel launch, events, streams): such a video takes whole batches.
 LANDING_MIN_BYTES = 32 * 1024 * 1024
+# The background registers a slab only once requests' copies have paused this long, and
+# waits at most `REGISTER_DEFER_S` for such a pause. cudaHostRegister pins a slab's pages
+# under the driver's lock (some 3 ms for 64 MiB), and copies queued meanwhile wait for it:
+# eight fresh clients' first two waves spent 17-18 ms a request in the copy while it
+# registered, against 0.2 ms steady (H100, 2026-12-06,
+# bench/results/2026-12-06-h100-cold-fb6db81.json).
+REGISTER_QUIET_S = 0.002
+REGISTER_DEFER_S = 1.0
 
 
 @dataclass
@@ -64,6 +73,20 @@ class CudaHost:
     _slab_locks: dict[int, threading.Lock] = field(default_factory=dict)
     _warned: bool = False
     _registering: threading.Thread | None = None
+    _last_copy: float = 0.0  # monotonic time a request last queued a copy
+
+    def copying(self) -> None:
+        """A request is queueing copies now (the background waits for a pause)."""
+        self._last_copy = time.monotonic()
+
+    def _wait_for_pause(self) -> None:
+        """Until requests' copies pause for `REGISTER_QUIET_S`, `REGISTER_DEFER_S` at most."""
+        deadline = time.monotonic() + REGISTER_DEFER_S
+        while (now := time.monotonic()) < deadline:
+            quiet = now - self._last_copy
+            if quiet >= REGISTER_QUIET_S:
+                return
+            time.sleep(REGISTER_QUIET_S - quiet)
 
     def _check_fork(self) -> None:
         if os.getpid() != self.pid:
@@ -138,9 +161,14 @@ class CudaHost:
 
     def register_all(self, quiet: bool = False) -> None:
         """Register every slab mapped in this process that is not yet (some 50 ms a GiB);
-        `quiet`: in the background, stopping at the first failure (the requests then say
-        it)."""
+        `quiet`: in the background, each slab in a pause of the requests' copies, stopping
+        at the first failure (the requests then say it)."""
         for address in self.maps.addresses():
+            if quiet:
+                with self._lock:
+                    if address in self._registered:
+                        continue
+                self._wait_for_pause()
             if not self.ensure_registered_at(address, quiet) and quiet:
                 return
 
@@ -279,6 +307,7 @@ class CudaVideo:
         torch = self._torch
         if start == 0:
             self._marks.clear()  # a new transfer (a retried request copies again)
+        self.host.copying()
         self.host.ensure_registered(region)  # else pageable: slower, still correct
         shape = frame_shape(self.pixel_format, self.width, self.height)
         dst = torch.from_numpy(region[: count * self.frame_bytes]).view(count, *shape)
@@ -324,6 +353,7 @@ class CudaVideo:
         done = self._torch.cuda.Event()
         done.record(self._side)
         done.synchronize()  # waits for our copies only, not the whole device
+        self.host.copying()  # the pause the background waits for begins now
         self._marks.clear()
 
     def land(self, count: Callable[[int], None]) -> None:

@@ -81,7 +81,9 @@ class Sidecar:
         )
         self.scheduler = Scheduler(config.max_concurrent_encodes, config.encoder_threads)
         self.warm = WarmPool(config.warm_encoders)
-        self.processes = EncoderProcesses(config.encoder_processes, config.idle_release)
+        self.processes = EncoderProcesses(
+            config.encoder_processes, config.idle_release, config.max_concurrent_encodes
+        )
         self.stats = Stats()
         self._started_at = time.monotonic()
         self._last_call = self._started_at  # a client's last call, for `idle_for`

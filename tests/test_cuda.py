@@ -122,9 +122,10 @@ def test_gpu_420_is_close_to_cpu_conversion(client: SidecarClient, rgb: np.ndarr
         assert abs(psnr(gpu_side, rgb) - psnr(cpu_side, rgb)) <= 1.0
         keys = ("colorspace", "color_range", "color_primaries", "color_trc", "pix_fmt")
         assert {k: facts_b[k] for k in keys} == {k: facts_a[k] for k in keys}
-    # None: 4:2:0 once the fused kernel is ready, before that rgb24 (a plain copy)
-    rgb24 = client.encode(gpu, pixel_format="rgb24", threads=1).data
-    assert outputs[None] in (outputs["yuv420p"], rgb24)
+    # None: 4:2:0 whatever the dtype and size (by the fused kernel once ready, else
+    # elementwise), so the daemon converts nothing
+    assert client._prepare(gpu, None, None, (0, 1)).pixel_format == "yuv420p"
+    assert client._prepare(gpu[:2], None, None, (0, 1)).pixel_format == "yuv420p"
     # Same conversion code on CPU and GPU: the planes agree to one level.
     conv = Conversion("yuv420p", 255.0, 0.0, integer=True)
     on_gpu = conv.apply(gpu[:4], Ops(torch)).cpu().numpy().astype(int)
@@ -375,7 +376,7 @@ def test_requests_never_wait_for_the_kernel_to_compile(
         assert _yuv_kernel.warm(_yuv_kernel.USUAL, "cuda", wait=120)
         after = c.encode(gpu, threads=1)
         assert fused  # the kernel, now that it is ready
-    first, _ = decode(before.data or b"")  # rgb24 (no kernel yet), converted in the daemon
+    first, _ = decode(before.data or b"")  # 4:2:0 elementwise (no kernel yet)
     second, _ = decode(after.data or b"")  # 4:2:0 from the kernel
     assert psnr(first, rgb) >= 40 and psnr(second, rgb) >= 40
 

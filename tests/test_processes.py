@@ -143,6 +143,22 @@ def test_stopping_the_daemon_stops_its_processes(make_daemon) -> None:  # type: 
     assert "Traceback" not in d.log()
 
 
+def test_a_daemon_keeps_a_process_for_each_encode_slot_and_one_more() -> None:
+    """Three at least; one more than the encodes that run at once where that is more
+    (a first burst then finds a process for each request); never past the limit."""
+    assert processes.kept(16, 8) == 9
+    assert processes.kept(3, 1) == 3
+    assert processes.kept(16, 0) == 3  # the slots not known: the three
+    assert processes.kept(2, 8) == 2
+
+
+def test_the_kept_processes_start_with_the_daemon(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    d = make_daemon(encoder_processes=6, max_concurrent_encodes=4)
+    assert wait_for(lambda: len(encoder_processes(d)) == 5, timeout=20)
+    time.sleep(0.5)  # and no more, without a request
+    assert len(encoder_processes(d)) == 5
+
+
 def test_idle_processes_stop(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Processes without work stop, once they have been idle past the time a burst's
     processes are kept, so an idle daemon gives their memory back."""

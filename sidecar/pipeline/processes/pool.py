@@ -12,13 +12,17 @@ ready for its settings has a free process open another at once, while it encodes
 many stay ready as requests for those settings run at once. A long encode reports
 progress over the pipe, and a request cancelled meanwhile tells its process to stop.
 
-Three processes start with the daemon and stay: a clip of a few small frames encodes
-faster than an encoder opens, so with two, back-to-back requests would wait for the other
-one's open. More start on demand, in the background, one for every request that found
+Three processes start with the daemon and stay, or one more than the encodes the daemon
+runs at once where that is more (`kept`): a clip of a few small frames encodes faster
+than an encoder opens, so with two, back-to-back requests would wait for the other one's
+open; and a first burst of as many clients as there are encode slots finds a process for
+each instead of starting them while it runs (on the H100, eight fresh clients' third and
+fourth waves took up to 3x the steady time while five processes started beside them). More
+start on demand, in the background, one for every request that found
 all of them busy (about 0.3 s each; requests meanwhile encode in the daemon), up to
 `limit`. Every process closes its encoder and trims its heap after `idle_s` without
 work (`--idle-release`, 30 s), so an idle daemon gives the encoders' memory back; the
-processes beyond the three stay up for `KEEP_PEAK_S` more (ten minutes), so that a burst
+processes beyond those kept stay up for `KEEP_PEAK_S` more (ten minutes), so that a burst
 after a pause finds as many as the last one needed, and only an open to pay (3-5 ms),
 not a process start (about 0.3 s of a core each, while the burst runs). A process that
 dies costs no request: its frames are still in the leases and another process takes them
@@ -42,11 +46,17 @@ from .main import Prepare
 
 log = logging.getLogger(__name__)
 
-KEEP = 3  # started with the daemon and kept
-KEEP_PEAK_S = 600.0  # processes beyond KEEP, idle this long past `idle_s`, stop
+KEEP = 3  # started with the daemon and kept, at least
+KEEP_PEAK_S = 600.0  # processes beyond those kept, idle this long past `idle_s`, stop
 MAINTAIN_S = 1.0  # how often the pool looks for idle processes to stop
 START_RETRY_S = (1.0, 60.0)  # first and longest wait after processes fail to start
 STALE_S = 1.0  # a ready encoder unused this long may be replaced by one for other settings
+
+
+def kept(limit: int, concurrent: int) -> int:
+    """Processes started with the daemon and kept: `KEEP`, or one more than the encodes
+    that run at once (`concurrent`, 0: not known), within `limit`."""
+    return min(limit, max(KEEP, concurrent + 1 if concurrent > 0 else 0))
 
 
 def _ranked(
@@ -87,11 +97,12 @@ def _prepare_another(
 
 class EncoderProcesses:
     """Up to `limit` encoder processes, started when requests need them; beyond the
-    first `KEEP`, each stops after `idle_s` without work."""
+    first `kept(limit, concurrent)`, each stops after `idle_s` without work."""
 
-    def __init__(self, limit: int, idle_s: float = RELEASE_S) -> None:
+    def __init__(self, limit: int, idle_s: float = RELEASE_S, concurrent: int = 0) -> None:
         self.limit = limit
         self.idle_s = idle_s
+        self.concurrent = concurrent  # encodes the daemon runs at once
         self._slab_paths: list[str] = []
         self._procs: list[EncoderProcess] = []
         self._wanted = 0  # processes the traffic asks for
@@ -113,7 +124,7 @@ class EncoderProcesses:
         if not self.enabled:
             return
         self._slab_paths = slab_paths
-        self._wanted = min(self.limit, KEEP)
+        self._wanted = self.kept
         self._thread = threading.Thread(target=self._maintain, name="encoder-processes")
         self._thread.daemon = True
         self._thread.start()
@@ -122,13 +133,17 @@ class EncoderProcesses:
         """Wait, at most `timeout` seconds, until the processes kept from the start are up
         (their first encode done); False if they are not by then (requests are encoded
         in the daemon meanwhile, as ever)."""
-        want = min(self.limit, KEEP)
+        want = self.kept
         deadline = time.monotonic() + timeout
         while self.ready < want:
             if time.monotonic() >= deadline or self._closed or self._failed_rounds:
                 return False  # (processes that exit before they are up: not worth a wait)
             time.sleep(0.02)
         return True
+
+    @property
+    def kept(self) -> int:
+        return kept(self.limit, self.concurrent)
 
     @property
     def count(self) -> int:
@@ -232,7 +247,7 @@ class EncoderProcesses:
                     proc.poll()
             dead = [p for p in self._procs if not p.busy and p.broken]
             idle = list(dead)
-            spare = len(self._procs) - len(idle) - KEEP
+            spare = len(self._procs) - len(idle) - self.kept
             idle += [
                 p
                 for p in self._procs
@@ -241,7 +256,7 @@ class EncoderProcesses:
             for proc in idle:
                 self._procs.remove(proc)
             if idle:
-                self._wanted = max(len(self._procs), min(self.limit, KEEP))
+                self._wanted = max(len(self._procs), self.kept)
             retry_s = self._count_failed_starts(dead, now)
         for proc in idle:
             proc.stop()

@@ -1,0 +1,103 @@
+"""The background's slab registrations wait for a pause in the requests' copies
+(`client._cuda.CudaHost.register_all`): the driver's lock they take would hold up the
+copies queued meanwhile. A stand-in runtime records when each slab is registered, so this
+runs without a GPU."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, cast
+
+import pytest
+
+from client import _cuda
+from client._cuda import CudaHost
+
+SLABS = (1 << 20, 2 << 20, 3 << 20)
+
+
+class Maps:
+    def addresses(self) -> list[int]:
+        return list(SLABS)
+
+    def slab_of(self, address: int) -> tuple[int, int] | None:
+        base = address & ~((1 << 20) - 1)
+        return (base, 1 << 20) if base in SLABS else None
+
+
+class Runtime:
+    def __init__(self) -> None:
+        self.registered: list[tuple[int, float]] = []
+
+    def register(self, address: int, size: int) -> int:
+        self.registered.append((address, time.monotonic()))
+        return _cuda.CUDA_SUCCESS
+
+    def clear_error(self) -> None:
+        pass
+
+
+def host_with(runtime: Runtime) -> CudaHost:
+    host = CudaHost(maps=cast(Any, Maps()))
+    host._runtime = cast(Any, runtime)
+    return host
+
+
+def copies_until(host: CudaHost, until: float, stop: threading.Event) -> threading.Thread:
+    """Copies queued every millisecond until `until`, or `stop`."""
+
+    def copy() -> None:
+        while time.monotonic() < until and not stop.is_set():
+            host.copying()
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=copy)
+    thread.start()
+    return thread
+
+
+def test_slabs_are_registered_once_the_copies_pause(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_cuda, "REGISTER_QUIET_S", 0.1)
+    monkeypatch.setattr(_cuda, "REGISTER_DEFER_S", 30.0)
+    runtime = Runtime()
+    host = host_with(runtime)
+    until = time.monotonic() + 0.4
+    copies = copies_until(host, until, threading.Event())
+    host.register_all(quiet=True)
+    copies.join()
+    assert [address for address, _ in runtime.registered] == list(SLABS)
+    assert all(when >= until for _, when in runtime.registered)
+    host.register_all(quiet=True)  # each once
+    assert len(runtime.registered) == len(SLABS)
+
+
+def test_copies_that_never_pause_hold_registration_back_only_so_long(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_cuda, "REGISTER_QUIET_S", 0.1)
+    monkeypatch.setattr(_cuda, "REGISTER_DEFER_S", 0.2)
+    runtime = Runtime()
+    host = host_with(runtime)
+    stop = threading.Event()
+    copies = copies_until(host, time.monotonic() + 10.0, stop)
+    try:
+        t0 = time.monotonic()
+        host.register_all(quiet=True)
+        assert [address for address, _ in runtime.registered] == list(SLABS)
+        assert time.monotonic() - t0 < 5.0  # 0.2 s a slab, not the ten seconds of copies
+    finally:
+        stop.set()
+        copies.join()
+
+
+def test_a_request_registers_its_own_slab_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pause is the background's: a request needing a slab registers it itself."""
+    monkeypatch.setattr(_cuda, "REGISTER_QUIET_S", 10.0)
+    runtime = Runtime()
+    host = host_with(runtime)
+    host.copying()
+    t0 = time.monotonic()
+    assert host.ensure_registered_at(SLABS[1] + 100)
+    assert time.monotonic() - t0 < 5.0
+    assert [address for address, _ in runtime.registered] == [SLABS[1]]
