@@ -187,9 +187,11 @@ class CudaHost:
             self._registering.start()
 
     def _warm(self, device: Any, quiet: bool) -> None:
-        self.register_all(quiet)
+        # The kernels first: until they are loaded, small uint8 videos go as rgb24 (see
+        # `_video.gpu_wire_format`); a request registers the slab it needs itself.
         with contextlib.suppress(Exception):  # an optimisation: a request would load them
             warm_elementwise(device)
+        self.register_all(quiet)
 
     def unregister(self, address: int) -> bool:
         """Called before a slab is unmapped. False: keep the mapping (still registered)."""

@@ -5,6 +5,8 @@ of the requests that would otherwise load them."""
 from __future__ import annotations
 
 import ctypes
+import os
+import threading
 from typing import Any
 
 from ._convert import Conversion, Ops
@@ -72,6 +74,12 @@ def _loaded_cudart() -> ctypes.CDLL | None:
     return lib
 
 
+# Set once this process has launched the elementwise conversion's kernels (CUDA loads each
+# on its first launch): until then a uint8 video goes as rgb24 (`_video.gpu_wire_format`).
+ELEMENTWISE_LOADED = threading.Event()
+os.register_at_fork(after_in_child=ELEMENTWISE_LOADED.clear)
+
+
 def warm_elementwise(device: Any = None) -> None:
     """Launch the elementwise conversion once for each dtype a worker sends, as it sends
     it, on tiny frames: CUDA loads each kernel on its first launch (a few milliseconds
@@ -93,6 +101,7 @@ def warm_elementwise(device: Any = None) -> None:
                 frames.contiguous() if integer else frames, ops
             )
     stream.synchronize()
+    ELEMENTWISE_LOADED.set()
 
 
 def current_device() -> Any:

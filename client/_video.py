@@ -25,6 +25,7 @@ import numpy as np
 
 from sidecar.vocabulary import PIXEL_FORMATS
 
+from . import _yuv_kernel
 from ._convert import (
     FLOAT_DTYPES,
     Conversion,
@@ -37,6 +38,7 @@ from ._convert import (
     is_planar420,
     wire_format,
 )
+from ._cuda_runtime import ELEMENTWISE_LOADED
 from ._errors import InvalidVideo
 from ._frame_list import FrameList, is_frame_sequence, is_pil_image
 
@@ -46,14 +48,6 @@ CPU_BATCH_BYTES = 32 * 1024 * 1024  # float32 scratch per conversion batch on th
 CONVERT_THREADS = min(8, os.cpu_count() or 1)  # threads converting a numpy video's batches
 _converters: ThreadPoolExecutor | None = None
 _converters_lock = threading.Lock()
-
-# What RGB on a GPU travels as, unless the caller says: 4:2:0, converted there (half the
-# bytes, no conversion left for the daemon), by the fused kernel once it is compiled
-# (`_cuda` asks for it for a large video), elementwise before that. Small uint8 clips went
-# faster so than as rgb24, a plain copy for the daemon to convert: 0.43-0.63x of upstream
-# A's time against 0.48-0.70x, 448x256x4 to 1344x768x1 (H100, 2026-12-06,
-# bench/results/2026-12-06-h100-e2e-small-wire.json).
-GPU_WIRE_FORMAT = "yuv420p"
 
 
 def converters() -> ThreadPoolExecutor | None:
@@ -248,7 +242,7 @@ def prepare_video(
     view, torch, dtype = found
     device = view.device.type if torch is not None else "cpu"
     if pixel_format is None and device == "cuda" and view.shape[3] == 3:
-        pixel_format = GPU_WIRE_FORMAT
+        pixel_format = gpu_wire_format(view, dtype)
     conversion = _conversion(view, pixel_format, value_range, integer=dtype == "uint8")
     if device not in ("cpu", "cuda"):
         raise InvalidVideo(f"tensor on {view.device}: only CPU and CUDA tensors are supported")
@@ -259,6 +253,22 @@ def prepare_video(
     if device == "cuda":
         return cuda(view, conversion)  # type: ignore[no-any-return]
     return ArrayVideo(view, conversion, Ops(torch))
+
+
+def gpu_wire_format(view: Any, dtype: str) -> str:
+    """What RGB on a GPU travels as, unless the caller says: 4:2:0, converted there (half
+    the bytes, no conversion left for the daemon), by the fused kernel once it is compiled
+    (`_cuda` asks for it for a large video), elementwise before that. Small uint8 clips
+    went faster so than as rgb24 for the daemon to convert: 0.43-0.63x of upstream A's time
+    against 0.48-0.70x, 448x256x4 to 1344x768x1 (H100, 2026-12-06,
+    bench/results/2026-12-06-h100-e2e-small-wire.json). Only until this process has loaded
+    the elementwise kernels (`_cuda.CudaHost.warm_in_background`, at attach) does a small
+    uint8 video go as rgb24, a plain copy that launches no kernel: a fresh worker's first
+    request loading them itself took 339 ms instead of 67 ms."""
+    if dtype != "uint8" or ELEMENTWISE_LOADED.is_set():
+        return "yuv420p"
+    worth = _yuv_kernel.source_bytes(view) >= _yuv_kernel.FUSED_MIN_BYTES
+    return "yuv420p" if _yuv_kernel.ready(view, False, compile=worth) or worth else "rgb24"
 
 
 def video_geometry(video: Any, layout: str | None = None) -> tuple[int, int, int]:

@@ -122,8 +122,9 @@ def test_gpu_420_is_close_to_cpu_conversion(client: SidecarClient, rgb: np.ndarr
         assert abs(psnr(gpu_side, rgb) - psnr(cpu_side, rgb)) <= 1.0
         keys = ("colorspace", "color_range", "color_primaries", "color_trc", "pix_fmt")
         assert {k: facts_b[k] for k in keys} == {k: facts_a[k] for k in keys}
-    # None: 4:2:0 whatever the dtype and size (by the fused kernel once ready, else
-    # elementwise), so the daemon converts nothing
+    # None: once the elementwise kernels are loaded (at attach, or warm_up), 4:2:0
+    # whatever the size (the fused kernel once ready), so the daemon converts nothing
+    client.warm_up()
     assert client._prepare(gpu, None, None, (0, 1)).pixel_format == "yuv420p"
     assert client._prepare(gpu[:2], None, None, (0, 1)).pixel_format == "yuv420p"
     # Same conversion code on CPU and GPU: the planes agree to one level.
@@ -376,7 +377,7 @@ def test_requests_never_wait_for_the_kernel_to_compile(
         assert _yuv_kernel.warm(_yuv_kernel.USUAL, "cuda", wait=120)
         after = c.encode(gpu, threads=1)
         assert fused  # the kernel, now that it is ready
-    first, _ = decode(before.data or b"")  # 4:2:0 elementwise (no kernel yet)
+    first, _ = decode(before.data or b"")  # no fused kernel yet: elementwise, or rgb24
     second, _ = decode(after.data or b"")  # 4:2:0 from the kernel
     assert psnr(first, rgb) >= 40 and psnr(second, rgb) >= 40
 

@@ -1,7 +1,8 @@
-"""The background's slab registrations wait for a pause in the requests' copies
-(`client._cuda.CudaHost.register_all`): the driver's lock they take would hold up the
-copies queued meanwhile. A stand-in runtime records when each slab is registered, so this
-runs without a GPU."""
+"""What a GPU worker does beside its requests, without a GPU: the background's slab
+registrations wait for a pause in the requests' copies (`client._cuda.CudaHost.
+register_all`), as the driver's lock they take would hold up the copies queued meanwhile
+(a stand-in runtime records when each slab is registered); and a uint8 video goes as
+rgb24 only until the process has loaded the elementwise kernels."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ import threading
 import time
 from typing import Any, cast
 
+import numpy as np
 import pytest
 
 from client import _cuda
 from client._cuda import CudaHost
+from client._cuda_runtime import ELEMENTWISE_LOADED
+from client._video import gpu_wire_format
 
 SLABS = (1 << 20, 2 << 20, 3 << 20)
 
@@ -101,3 +105,17 @@ def test_a_request_registers_its_own_slab_at_once(monkeypatch: pytest.MonkeyPatc
     assert host.ensure_registered_at(SLABS[1] + 100)
     assert time.monotonic() - t0 < 5.0
     assert [address for address, _ in runtime.registered] == [SLABS[1]]
+
+
+def test_uint8_goes_as_4_2_0_once_the_elementwise_kernels_are_loaded() -> None:
+    small = np.zeros((4, 256, 448, 3), np.uint8)  # as a tensor on the GPU would be
+    was = ELEMENTWISE_LOADED.is_set()
+    try:
+        ELEMENTWISE_LOADED.clear()
+        assert gpu_wire_format(small, "uint8") == "rgb24"  # a plain copy: no kernel to load
+        assert gpu_wire_format(small, "float16") == "yuv420p"  # converted there anyway
+        ELEMENTWISE_LOADED.set()
+        assert gpu_wire_format(small, "uint8") == "yuv420p"
+    finally:
+        if not was:
+            ELEMENTWISE_LOADED.clear()
