@@ -102,7 +102,7 @@ class EncoderProcesses:
     def __init__(self, limit: int, idle_s: float = RELEASE_S, concurrent: int = 0) -> None:
         self.limit = limit
         self.idle_s = idle_s
-        self.concurrent = concurrent  # encodes the daemon runs at once
+        self.kept = kept(limit, concurrent)  # started at once, and never stopped for idling
         self._slab_paths: list[str] = []
         self._procs: list[EncoderProcess] = []
         self._wanted = 0  # processes the traffic asks for
@@ -140,10 +140,6 @@ class EncoderProcesses:
                 return False  # (processes that exit before they are up: not worth a wait)
             time.sleep(0.02)
         return True
-
-    @property
-    def kept(self) -> int:
-        return kept(self.limit, self.concurrent)
 
     @property
     def count(self) -> int:
