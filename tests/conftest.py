@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import os
 import secrets
@@ -126,3 +127,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+# Tests marked `exclusive` compare a time against a bound (one request not held up by
+# another, a stop within its grace). Under xdist each runs with no other test beside it:
+# every test holds a shared lock on one file (in the run's temp directory, which all
+# workers share) from its setup to its teardown, an exclusive one holds it alone. A second
+# lock, taken first and held by an exclusive test until it has the first, keeps the other
+# workers from starving it.
+
+
+@pytest.fixture(autouse=True)
+def _alone_if_exclusive(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # nothing runs beside a test
+        yield
+        return
+    shared = tmp_path_factory.getbasetemp().parent  # each worker's is a folder in it
+    exclusive = request.node.get_closest_marker("exclusive") is not None
+    with open(shared / "tests.turn", "a") as turn, open(shared / "tests.run", "a") as run:
+        fcntl.flock(turn, fcntl.LOCK_EX)
+        fcntl.flock(run, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        fcntl.flock(turn, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(run, fcntl.LOCK_UN)

@@ -45,6 +45,9 @@ from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
 
 from .helpers import Daemon, psnr
 
+# Plays or stops against the clock: alone under xdist (see conftest).
+pytestmark = pytest.mark.exclusive
+
 CHROMIUM = next(
     filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None
 )

@@ -36,6 +36,9 @@ from sidecar.pipeline.processes.handle import STOP_GRACE_S
 from tests.helpers import Daemon, decode, psnr
 
 FRAMES, HEIGHT, WIDTH = 200, 144, 256
+# Plays or stops against the clock: alone under xdist (see conftest).
+pytestmark = pytest.mark.exclusive
+
 SLOW: dict[str, Any] = {"preset": "placebo", "extra": {"x264-params": "rc-lookahead=250"}}
 RAISED = {"max_preset": "placebo", "max_lookahead": 250}  # the ceiling lets SLOW through
 DEADLINE_S = 3.0  # the frames are in within a second; the drain runs on far past this

@@ -113,6 +113,7 @@ def held(socks: list[socket.socket]) -> Iterator[list[socket.socket]]:
             sock.close()
 
 
+@pytest.mark.exclusive
 def test_half_sent_messages_are_closed_after_the_timeout_and_their_memory_comes_back(
     make_daemon: Callable[..., Daemon],
 ) -> None:

@@ -156,6 +156,7 @@ def test_concurrent_encodes_on_one_client(client: Any, video: np.ndarray) -> Non
         assert psnr(frames, video[:8]) >= 40
 
 
+@pytest.mark.exclusive
 def test_status_and_health_answer_during_long_encode(client: Any) -> None:
     long_video = moving_pattern(120, 288, 512)  # 53 MB: fits the 64 MiB pool
     results: list[Any] = []

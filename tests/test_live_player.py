@@ -16,6 +16,9 @@ from client import Live
 from .helpers import Daemon
 from .live_helpers import CHROMIUM, FPS, NO_CHROMIUM, PALETTE, Viewers, check_colours, palette_video
 
+# Plays or stops against the clock: alone under xdist (see conftest).
+pytestmark = pytest.mark.exclusive
+
 RATE = 48000
 
 

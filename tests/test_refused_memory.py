@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 
 from sidecar.api.v1 import sidecar_pb2 as pb
 from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
@@ -91,6 +92,7 @@ def decode_seconds(message: Any) -> float:
     return time.perf_counter() - started
 
 
+@pytest.mark.exclusive
 def test_an_innocent_request_is_not_held_up_by_decoding_a_hostile_one(make_daemon) -> None:  # type: ignore[no-untyped-def]
     """Hostile full-size requests, over both transports, beside a client that asks for
     status every 20 ms: its longest wait stays well under what decoding four million

@@ -82,6 +82,7 @@ def test_streams_in_flight_get_the_grace_period(make_daemon) -> None:  # type: i
     assert d.segments() == []
 
 
+@pytest.mark.exclusive
 def test_second_signal_forces_the_exit(make_daemon) -> None:  # type: ignore[no-untyped-def]
     d = make_daemon(shutdown_grace=120, slabs=8)  # 128 MiB: the 53 MB video is one request
     video = moving_pattern(240, 288, 512)  # seconds at this preset, on a fast core too

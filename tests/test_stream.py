@@ -313,6 +313,7 @@ def test_closing_a_cancelled_stream_says_it_was_cancelled(make_daemon, connect) 
         assert wait_for_idle(c, timeout=10).pool["active_leases"] == 0
 
 
+@pytest.mark.exclusive
 def test_a_stream_between_chunks_holds_no_encode_slot(make_daemon) -> None:  # type: ignore[no-untyped-def]
     """One encode slot and a stream open between chunks: a whole video sent meanwhile is
     encoded at once (it would wait for the stream's end if the stream held the slot, and

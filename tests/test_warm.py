@@ -9,11 +9,14 @@ from fractions import Fraction
 from types import SimpleNamespace
 from typing import Any, cast
 
+import pytest
+
 from client.patterns import moving_pattern
 from sidecar.codec.frames import PIXEL_FORMATS, Geometry
 from sidecar.pipeline.encoding.warm import EncoderKey, WarmEncoder, WarmPool
 
 
+@pytest.mark.exclusive
 def test_back_to_back_requests_find_a_ready_encoder(make_daemon) -> None:  # type: ignore[no-untyped-def]
     d = make_daemon(warm_encoders=4)
     clip = moving_pattern(4, 128, 96)
