@@ -163,3 +163,26 @@ def test_the_cold_suite_times_fresh_workers_against_upstream(tmp_path: Path) -> 
     assert results["warm_up"][0]["warm_up_ms"] > 0
     assert len(results["burst_after_idle"]["waves_ms"]) == 2
     assert results["upstream_burst_after_idle"]["steady_ms"] > 0
+
+
+def test_cuts_measure_what_a_keyframe_costs_beside_one_pass(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`bench.cuts`: one encoder against two at once, at `balanced`: every frame decodes
+    back from the segments, and the second segment's keyframe costs bytes."""
+    from bench import cuts
+
+    out = tmp_path / "cuts.json"
+    argv = ["--shapes", "96x64x30", "--content", "smooth", "--segments", "1,2", "--samples", "1"]
+    assert cuts.main([*argv, "--json", str(out)]) == 0
+    one, two = json.loads(out.read_text())["rows"]
+    assert (one["variant"], two["variant"]) == ("segments_1", "segments_2")
+    assert len(two["extra"]["threads"]) == 2
+    assert two["extra"]["bytes"] > one["extra"]["bytes"] > 0
+    assert (
+        one["extra"]["psnr_db"] > 40 and abs(two["extra"]["psnr_db"] - one["extra"]["psnr_db"]) < 1
+    )
+    assert one["extra"]["options"]["preset"] == "veryfast"
+    assert "| smooth | 96x64x30 | 2 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--segments"):
+        cuts.main(["--segments", "0"])

@@ -1,0 +1,183 @@
+"""What a cut that costs a keyframe buys and costs: one encoder against K at once.
+
+    python -m bench.cuts [--shapes 832x480x81,1344x768x122] [--content natural,smooth,noisy]
+                         [--segments 1,2,3] [--samples 3] [--json FILE]
+
+The daemon cuts a whole video into parallel segments only where a single pass starts a
+GOP anyway, on multiples of the keyframe interval (`sidecar/pipeline/encoding/segments.py`),
+so a cut costs no bytes. A cut anywhere else starts its segment on a keyframe that one
+pass would not have made. This tool measures both sides of that trade at the `balanced`
+profile, on frames already in yuv420p (no transfer, no daemon): for each count K, the
+video in K even segments, each encoded by its own libx264 set up as the daemon sets up a
+segment encoder (`configure_context`, frame threads, this machine's `frame_threads` divided
+by `thread_shares`), all at once in threads, as `encode_segments` runs them. It records
+the wall time (the median of `--samples`), the bytes of all the segments' packets, and
+the PSNR of their decoded frames against the input (every plane). K=1 is the daemon's
+single pass. Bytes and PSNR do not depend on the machine; times do (run it on the host
+whose cores the question is about).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from fractions import Fraction
+from typing import Any
+
+import av
+import numpy as np
+
+from sidecar.codec.catalogue import CodecSpec, ResolvedCodec
+from sidecar.codec.encoder import configure_context
+from sidecar.codec.frames import Geometry, check_geometry
+from sidecar.codec.threads import frame_threads
+from sidecar.pipeline.encoding.segments import thread_shares
+
+from .common import Row, git_commit, machine, parse_shape, summarise, write_json
+from .floor import LIMITS, yuv_frames
+from .rdt import CONTENTS, FPS, content, profile_options
+
+
+def codec_for(rgb: np.ndarray) -> ResolvedCodec:
+    """`balanced` for these frames, the first measured for grain as the daemon does."""
+    t, h, w, _ = rgb.shape
+    codec = CodecSpec(profile="balanced").resolve("mp4", video=(w, h, t))
+    options = profile_options("balanced", rgb)
+    return ResolvedCodec(codec.choice, options, codec.gop, codec.threads)
+
+
+def encode_range(
+    frames: list[av.VideoFrame], start: int, stop: int, geometry: Geometry, codec: ResolvedCodec,
+    threads: int,
+) -> list[bytes]:  # fmt: skip
+    """Frames [start, stop) through one encoder of their own: the packets' bytes."""
+    ctx = av.CodecContext.create(codec.choice.encoder, "w")
+    assert isinstance(ctx, av.VideoCodecContext)
+    configure_context(ctx, geometry, codec, threads, "FRAME")
+    ctx.open()
+    packets: list[bytes] = []
+    for index in range(start, stop):
+        frame = frames[index]
+        frame.pts = index
+        packets += [bytes(p) for p in ctx.encode(frame)]
+    packets += [bytes(p) for p in ctx.encode(None)]
+    return packets
+
+
+def psnr(frames: list[av.VideoFrame], segments: list[list[bytes]]) -> tuple[float, int]:
+    """(dB over every plane, frames decoded): each segment decoded on its own, in order."""
+    errors: list[float] = []
+    for packets in segments:
+        decoder = av.CodecContext.create("h264", "r")
+        decoded: list[av.VideoFrame] = []
+        for data in packets:
+            decoded += decoder.decode(av.Packet(data))
+        decoded += decoder.decode(None)
+        for frame in decoded:
+            made = frame.to_ndarray().astype(np.float64)
+            given = frames[len(errors)].to_ndarray().astype(np.float64)
+            errors.append(float(np.mean((made - given) ** 2)))
+    mse = statistics.fmean(errors)
+    return (math.inf if mse == 0 else 10 * math.log10(255**2 / mse)), len(errors)
+
+
+def measure(shape: str, name: str, counts: list[int], samples: int) -> list[Row]:
+    width, height, total = parse_shape(shape)
+    rgb = content(name, shape)
+    frames = yuv_frames(rgb)
+    codec = codec_for(rgb)
+    geometry = check_geometry(width, height, "yuv420p", Fraction(FPS), LIMITS)
+    threads = frame_threads(len(os.sched_getaffinity(0)))
+    rows: list[Row] = []
+    for count in counts:
+        edges = [round(total * k / count) for k in range(count + 1)]
+        ranges = list(itertools.pairwise(edges))
+        shares = thread_shares(threads, [stop - start for start, stop in ranges])
+        times: list[float] = []
+        made: list[list[bytes]] = []
+        with ThreadPoolExecutor(count) as pool:
+            for _ in range(samples):
+                t0 = time.perf_counter()
+                made = list(
+                    pool.map(
+                        lambda r, n: encode_range(frames, r[0], r[1], geometry, codec, n),
+                        ranges,
+                        shares,
+                    )
+                )
+                times.append((time.perf_counter() - t0) * 1e3)
+        db, decoded = psnr(frames, made)
+        if decoded != total:
+            raise RuntimeError(f"{shape} in {count} segments decoded to {decoded} frames")
+        row = summarise(f"segments_{count}", shape, times)
+        row.suite, row.content = "cuts", name
+        row.extra = {
+            "bytes": sum(len(p) for packets in made for p in packets),
+            "psnr_db": round(db, 3),
+            "threads": shares,
+            "options": codec.options,
+        }
+        rows.append(row)
+    base = rows[0]
+    for row in rows:
+        row.ratio_to_upstream_a = None
+        row.note = (
+            f"{row.median_ms / base.median_ms:.2f}x the time, "
+            f"{row.extra['bytes'] / base.extra['bytes']:.3f}x the bytes, "
+            f"{row.extra['psnr_db'] - base.extra['psnr_db']:+.2f} dB of one pass"
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.cuts", description=__doc__.split("\n")[0])
+    p.add_argument("--shapes", default="832x480x81,1280x720x81,1344x768x122")
+    p.add_argument("--content", default="natural,smooth,noisy")
+    p.add_argument("--segments", default="1,2,3", help="segment counts; the first is the base")
+    p.add_argument("--samples", type=int, default=3)
+    p.add_argument("--json", metavar="FILE")
+    args = p.parse_args(argv)
+    names = args.content.split(",")
+    for name in names:
+        if name not in CONTENTS:
+            raise SystemExit(f"--content: {name!r} is not one of {', '.join(CONTENTS)}")
+    try:
+        counts = [int(n) for n in args.segments.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1 or args.samples < 1:
+        raise SystemExit("--segments takes counts of 1 or more; --samples 1 or more")
+    rows: list[Row] = []
+    print("| content | shape | segments | threads | median ms | bytes | PSNR dB | of one pass |")
+    print("| --- | --- | ---: | --- | ---: | ---: | ---: | --- |")
+    for shape in args.shapes.split(","):
+        for name in names:
+            for row in measure(shape, name, counts, args.samples):
+                rows.append(row)
+                x: dict[str, Any] = row.extra
+                print(
+                    f"| {name} | {shape} | {row.variant.split('_')[1]} | {x['threads']} | "
+                    f"{row.median_ms:.1f} | {x['bytes']} | {x['psnr_db']:.2f} | {row.note} |",
+                    flush=True,
+                )
+    if args.json:
+        meta: dict[str, Any] = {
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+            "command": " ".join(
+                ["python -m bench.cuts", *(sys.argv[1:] if argv is None else argv)]
+            ),
+            "machine": machine(),
+            "commit": git_commit(),
+        }
+        write_json(args.json, meta, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
