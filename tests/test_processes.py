@@ -31,6 +31,10 @@ from sidecar.pipeline.processes.main import WATCH_S, Stop, _Watch
 from sidecar.pipeline.processes.pool import EncoderProcesses
 from tests.helpers import Daemon, decode, index_first, psnr
 
+# Processes started, stopped, killed and trimmed against the clock, memory measured under
+# a load: alone under xdist (see conftest).
+pytestmark = pytest.mark.exclusive
+
 
 def encoder_processes(daemon: Daemon) -> list[int]:
     """Pids of the daemon's encoder processes (their command line names its slabs)."""
@@ -329,7 +333,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-@pytest.mark.exclusive
 def test_a_cancelled_long_encode_stops_its_process(make_daemon) -> None:  # type: ignore[no-untyped-def]
     """A client that gives up mid-encode: the process is told, stops within a frame or
     two, answers, and serves the next request; every lease comes back."""
@@ -359,7 +362,6 @@ def test_a_cancelled_long_encode_stops_its_process(make_daemon) -> None:  # type
     assert "Traceback" not in d.log()
 
 
-@pytest.mark.exclusive
 def test_a_hung_process_is_killed_once_its_request_is_cancelled(make_daemon) -> None:  # type: ignore[no-untyped-def]
     """A process that stops answering (here SIGSTOPped before it gets the request: to the
     daemon, the same as one hung mid-encode): once the request's deadline passes it gets
@@ -522,7 +524,6 @@ def warm_hits(daemon: Daemon, clip: np.ndarray, settle: int, count: int) -> int:
         return int(c.status().counters["warm_hits"] - before)
 
 
-@pytest.mark.exclusive
 def test_back_to_back_clips_alternate_between_ready_processes(make_daemon) -> None:  # type: ignore[no-untyped-def]
     """The same settings back to back find an encoder ready, nearly every time."""
     hits = warm_hits(make_daemon(encoder_processes=3), moving_pattern(4, 240, 320), 10, 30)
@@ -533,7 +534,6 @@ def test_back_to_back_clips_alternate_between_ready_processes(make_daemon) -> No
     assert hits >= 15
 
 
-@pytest.mark.exclusive
 def test_back_to_back_long_clips_find_an_encoder_ready(make_daemon) -> None:  # type: ignore[no-untyped-def]
     """A long clip (frame threads) has another process open the next encoder while it
     encodes too: its next request follows the reply within milliseconds, before the used
@@ -605,7 +605,6 @@ def page_faults(pids: list[int]) -> dict[int, int]:
     return faults
 
 
-@pytest.mark.exclusive
 @pytest.mark.parametrize("operator_arenas", [None, "4"])
 def test_back_to_back_clips_reuse_the_last_encoders_memory(  # type: ignore[no-untyped-def]
     make_daemon, monkeypatch, operator_arenas
