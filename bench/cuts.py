@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import math
 import os
-import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +31,7 @@ from typing import Any
 import av
 import numpy as np
 
-from sidecar.codec.catalogue import CodecSpec, ResolvedCodec
+from sidecar.codec.catalogue import ResolvedCodec
 from sidecar.codec.encoder import configure_context
 from sidecar.codec.frames import Geometry, check_geometry
 from sidecar.codec.threads import frame_threads
@@ -41,15 +39,8 @@ from sidecar.pipeline.encoding.segments import thread_shares
 
 from .common import Row, git_commit, machine, parse_shape, summarise, write_json
 from .floor import LIMITS, yuv_frames
-from .rdt import CONTENTS, FPS, content, profile_options
-
-
-def codec_for(rgb: np.ndarray) -> ResolvedCodec:
-    """`balanced` for these frames, the first measured for grain as the daemon does."""
-    t, h, w, _ = rgb.shape
-    codec = CodecSpec(profile="balanced").resolve("mp4", video=(w, h, t))
-    options = profile_options("balanced", rgb)
-    return ResolvedCodec(codec.choice, options, codec.gop, codec.threads)
+from .rdt import CONTENTS, FPS, content, profile_codec
+from .rdt_report import psnr
 
 
 def encode_range(
@@ -70,28 +61,23 @@ def encode_range(
     return packets
 
 
-def psnr(frames: list[av.VideoFrame], segments: list[list[bytes]]) -> tuple[float, int]:
-    """(dB over every plane, frames decoded): each segment decoded on its own, in order."""
-    errors: list[float] = []
+def decoded(segments: list[list[bytes]]) -> np.ndarray:
+    """The segments' frames as yuv420p arrays, each segment decoded on its own, in order."""
+    frames: list[np.ndarray] = []
     for packets in segments:
         decoder = av.CodecContext.create("h264", "r")
-        decoded: list[av.VideoFrame] = []
-        for data in packets:
-            decoded += decoder.decode(av.Packet(data))
-        decoded += decoder.decode(None)
-        for frame in decoded:
-            made = frame.to_ndarray().astype(np.float64)
-            given = frames[len(errors)].to_ndarray().astype(np.float64)
-            errors.append(float(np.mean((made - given) ** 2)))
-    mse = statistics.fmean(errors)
-    return (math.inf if mse == 0 else 10 * math.log10(255**2 / mse)), len(errors)
+        for data in [*packets, None]:
+            got = decoder.decode(None if data is None else av.Packet(data))
+            frames += [frame.to_ndarray() for frame in got]
+    return np.stack(frames)
 
 
 def measure(shape: str, name: str, counts: list[int], samples: int) -> list[Row]:
     width, height, total = parse_shape(shape)
     rgb = content(name, shape)
     frames = yuv_frames(rgb)
-    codec = codec_for(rgb)
+    codec = profile_codec("balanced", rgb)
+    given = np.stack([frame.to_ndarray() for frame in frames])
     geometry = check_geometry(width, height, "yuv420p", Fraction(FPS), LIMITS)
     threads = frame_threads(len(os.sched_getaffinity(0)))
     rows: list[Row] = []
@@ -112,14 +98,14 @@ def measure(shape: str, name: str, counts: list[int], samples: int) -> list[Row]
                     )
                 )
                 times.append((time.perf_counter() - t0) * 1e3)
-        db, decoded = psnr(frames, made)
-        if decoded != total:
-            raise RuntimeError(f"{shape} in {count} segments decoded to {decoded} frames")
+        back = decoded(made)
+        if len(back) != total:
+            raise RuntimeError(f"{shape} in {count} segments decoded to {len(back)} frames")
         row = summarise(f"segments_{count}", shape, times)
         row.suite, row.content = "cuts", name
         row.extra = {
             "bytes": sum(len(p) for packets in made for p in packets),
-            "psnr_db": round(db, 3),
+            "psnr_db": round(psnr(back, given), 3),
             "threads": shares,
             "options": codec.options,
         }

@@ -51,7 +51,7 @@ import av
 import numpy as np
 
 from client.patterns import moving_pattern
-from sidecar.codec.catalogue import CodecSpec
+from sidecar.codec.catalogue import CodecSpec, ResolvedCodec
 from sidecar.codec.grain import is_grainy
 from sidecar.vocabulary import PIXEL_FORMATS, PROFILES
 
@@ -147,14 +147,17 @@ def pyav_mp4(frames: np.ndarray, options: dict[str, str], thread_type: str | Non
     return buf.getvalue()
 
 
-def profile_options(profile: str, frames: np.ndarray) -> dict[str, str]:
-    """The x264 options a profile gives a request for these frames that names nothing else
+def profile_codec(profile: str, frames: np.ndarray) -> ResolvedCodec:
+    """The settings a profile gives a request for these frames that names nothing else
     (the first frame measured for grain, as the daemon does)."""
     t, h, w, _ = frames.shape
     codec = CodecSpec(profile=profile).resolve(video=(w, h, t))
-    if is_grainy(frames[0], PIXEL_FORMATS["rgb24"], h):
-        codec = codec.measured(True)
-    return codec.options
+    return codec.measured(is_grainy(frames[0], PIXEL_FORMATS["rgb24"], h))
+
+
+def profile_options(profile: str, frames: np.ndarray) -> dict[str, str]:
+    """The x264 options of `profile_codec`."""
+    return profile_codec(profile, frames).options
 
 
 def export_to_video_way() -> Way:
