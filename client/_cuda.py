@@ -15,6 +15,7 @@ registrations (they are not valid in the child) and never unregisters them.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -55,6 +56,11 @@ LANDING_MIN_BYTES = 32 * 1024 * 1024
 # bench/results/2026-12-06-h100-cold-fb6db81.json).
 REGISTER_QUIET_S = 0.002
 REGISTER_DEFER_S = 1.0
+# How long a process's exit waits for the background to finish its step under way (a
+# kernel launch, one registration). A thread still inside CUDA when the interpreter
+# finalizes is ended by pthread_exit, which C++ answers with std::terminate: the worker
+# dies with "terminate called without an active exception" instead of exiting.
+EXIT_WAIT_S = 10.0
 
 
 @dataclass
@@ -73,6 +79,8 @@ class CudaHost:
     _slab_locks: dict[int, threading.Lock] = field(default_factory=dict)
     _warned: bool = False
     _registering: threading.Thread | None = None
+    _stopping: threading.Event = field(default_factory=threading.Event)
+    _exit_hooked: bool = False
     _last_copy: float = 0.0  # monotonic time a request last queued a copy
 
     def copying(self) -> None:
@@ -82,7 +90,7 @@ class CudaHost:
     def _wait_for_pause(self) -> None:
         """Until requests' copies pause for `REGISTER_QUIET_S`, `REGISTER_DEFER_S` at most."""
         deadline = time.monotonic() + REGISTER_DEFER_S
-        while (now := time.monotonic()) < deadline:
+        while (now := time.monotonic()) < deadline and not self._stopping.is_set():
             quiet = now - self._last_copy
             if quiet >= REGISTER_QUIET_S:
                 return
@@ -97,6 +105,7 @@ class CudaHost:
             self._streams = {}
             self._runtime = None
             self._registering = None
+            self._stopping = threading.Event()
             self.registrations = 0
 
     @property
@@ -165,6 +174,8 @@ class CudaHost:
         at the first failure (the requests then say it)."""
         for address in self.maps.addresses():
             if quiet:
+                if self._stopping.is_set():
+                    return
                 with self._lock:
                     if address in self._registered:
                         continue
@@ -180,18 +191,32 @@ class CudaHost:
         half a second, which the first requests would feel; `_yuv_kernel` compiles it
         once a video large enough to gain from it comes."""
         self._check_fork()
+        if self._stopping.is_set():
+            return  # the process is exiting
+        if not self._exit_hooked:
+            self._exit_hooked = True
+            atexit.register(self.stop_background)
         if self._registering is None or not self._registering.is_alive():
             self._registering = threading.Thread(
                 target=self._warm, args=(device, True), name="video-sidecar-warm", daemon=True
             )
             self._registering.start()
 
+    def stop_background(self, timeout: float = EXIT_WAIT_S) -> None:
+        """At exit: the background stops after the step under way, which is waited for
+        (see `EXIT_WAIT_S`); a later `warm_in_background` starts nothing."""
+        self._stopping.set()
+        thread = self._registering
+        if thread is not None and thread.is_alive() and os.getpid() == self.pid:
+            thread.join(timeout)
+
     def _warm(self, device: Any, quiet: bool) -> None:
         # The kernels first: until they are loaded, small uint8 videos go as rgb24 (see
         # `_video.gpu_wire_format`); a request registers the slab it needs itself.
         with contextlib.suppress(Exception):  # an optimisation: a request would load them
             warm_elementwise(device)
-        self.register_all(quiet)
+        if not self._stopping.is_set():
+            self.register_all(quiet)
 
     def unregister(self, address: int) -> bool:
         """Called before a slab is unmapped. False: keep the mapping (still registered)."""

@@ -15,6 +15,7 @@ elementwise path serves everything.
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import logging
 import math
@@ -41,7 +42,7 @@ class _Kernel:
         self.ready: set[Key] = set()
         self.asked: set[Key] = set()
         self.done = threading.Condition()
-        self.jobs: queue.SimpleQueue[tuple[Key, Any]] = queue.SimpleQueue()
+        self.jobs: queue.SimpleQueue[tuple[Key, Any] | None] = queue.SimpleQueue()
         self.worker: threading.Thread | None = None
         self.broken = False
         self.installed: bool | None = None
@@ -62,8 +63,17 @@ class _Kernel:
                     target=self.compile, name="video-sidecar-kernel", daemon=True
                 )
                 self.worker.start()
+                atexit.register(self.stop, self.worker)
             self.done.wait_for(lambda: self.broken or self.holds(keys), timeout=wait)
             return self.holds(keys)
+
+    def stop(self, worker: threading.Thread, timeout: float = 10.0) -> None:
+        """At exit: the thread ends after the compile under way, which is waited for. A
+        thread still inside CUDA or Triton as the interpreter finalizes is ended by
+        pthread_exit, which C++ answers with std::terminate (the process dies)."""
+        self.jobs.put(None)
+        if worker.is_alive() and worker is not threading.current_thread():
+            worker.join(timeout)
 
     def holds(self, keys: tuple[Key, ...]) -> bool:
         return all(k in self.ready for k in keys)
@@ -76,8 +86,11 @@ class _Kernel:
 
             from . import _yuv_triton
 
-            while True:  # waits for more keys for good: a thread asleep costs nothing
-                key, device = self.jobs.get()
+            while True:  # waits for more keys until exit: a thread asleep costs nothing
+                job = self.jobs.get()
+                if job is None:
+                    return
+                key, device = job
                 _launch(torch, _yuv_triton, key, torch.device(device or "cuda"))
                 with self.done:
                     self.ready.add(key)

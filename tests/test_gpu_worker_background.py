@@ -2,12 +2,17 @@
 registrations wait for a pause in the requests' copies (`client._cuda.CudaHost.
 register_all`), as the driver's lock they take would hold up the copies queued meanwhile
 (a stand-in runtime records when each slab is registered); and a uint8 video goes as
-rgb24 only until the process has loaded the elementwise kernels."""
+rgb24 only until the process has loaded the elementwise kernels; and a worker that exits
+while the background is busy waits for its step under way."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import threading
 import time
+from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -119,3 +124,50 @@ def test_uint8_goes_as_4_2_0_once_the_elementwise_kernels_are_loaded() -> None:
     finally:
         if not was:
             ELEMENTWISE_LOADED.clear()
+
+
+def test_a_worker_exiting_at_once_waits_for_the_background_step_under_way(
+    tmp_path: Path,
+) -> None:
+    """A worker whose first request ends before the background has loaded the kernels
+    exits then: the interpreter ending a thread that is inside CUDA kills the process
+    ("terminate called without an active exception"), so the exit waits for the step
+    under way, and the background registers nothing more."""
+    log = tmp_path / "background.log"
+    script = textwrap.dedent(
+        f"""
+        import time
+        from typing import Any, cast
+        from client import _cuda
+        from tests.test_gpu_worker_background import Maps
+
+        def loading(device: Any = None) -> None:  # stands for the kernels' first launches
+            time.sleep(0.5)
+            with open({str(log)!r}, "a") as f:
+                f.write("loaded\\n")
+
+        class Runtime:
+            def register(self, address: int, size: int) -> int:
+                with open({str(log)!r}, "a") as f:
+                    f.write(f"registered {{address}}\\n")
+                return _cuda.CUDA_SUCCESS
+
+        _cuda.warm_elementwise = loading
+        host = _cuda.CudaHost(maps=cast(Any, Maps()))
+        host._runtime = cast(Any, Runtime())
+        host.warm_in_background()
+        time.sleep(0.05)  # the background is inside the load; the worker ends here
+        """
+    )
+    t0 = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert log.read_text().splitlines() == ["loaded"]
+    assert time.monotonic() - t0 < 30.0
