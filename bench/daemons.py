@@ -43,7 +43,7 @@ def _settle(process: DaemonProcess, options: dict[str, Any]) -> None:
     configured = options.get("encoder_processes", os.environ.get(ENV_PROCESSES))
     wanted = min(KEEP, default_encoder_processes() if configured is None else int(configured))
     deadline = time.monotonic() + 5
-    with SidecarClient(process.socket) as c:
+    with SidecarClient(process.socket, prepare=False) as c:
         while c.status().encoder_processes < wanted and time.monotonic() < deadline:
             time.sleep(0.05)
 

@@ -103,7 +103,7 @@ def e2e(
             "sidecar_previews": lambda: SidecarPreviews(device, client(), **sidecar_options),
         }
         lanes = _lanes(factories, variants, concurrency)
-        with SidecarClient(d.socket) as probe:
+        with SidecarClient(d.socket, prepare=False) as probe:
             limit = probe.status().max_concurrent_encodes
         block = 0
         for content in contents:

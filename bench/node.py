@@ -151,7 +151,7 @@ def node(
     with daemon(**options) as d:
         from client import SidecarClient
 
-        with SidecarClient(d.socket) as probe:
+        with SidecarClient(d.socket, prepare=False) as probe:
             limit = probe.status().max_concurrent_encodes
         memory = TreeMemory(d.pid).start()
         for content in contents:

@@ -69,6 +69,7 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
         lease_wait: float | None = None,
         transport: str = "auto",
         credentials: grpc.ChannelCredentials | None = None,
+        prepare: bool = True,
     ) -> None:
         """`target`: a socket path, a `unix:` URI or `host:port`; by default
         $VIDEO_SIDECAR_SOCKET, else the daemon's default socket. `timeout`: seconds for
@@ -76,7 +77,11 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
         seconds a request may wait in the daemon's queue for room in the pool; None: as
         long as the pool keeps moving (within the call's timeout). `transport`: "auto"
         (shared memory, else inline), "shm" or "inline". `credentials`:
-        `grpc.ssl_channel_credentials(...)` for a TCP target with TLS."""
+        `grpc.ssl_channel_credentials(...)` for a TCP target with TLS. `prepare`: attach
+        now, in the background (on a thread; the async client on the running loop, if
+        any), so that the first request finds the slabs mapped and, on a GPU worker,
+        registered; a failure there is left for the first request to meet and raise.
+        False: attach on first use."""
         check_timeout(timeout)
         self._core = ClientCore(
             target,
@@ -88,6 +93,8 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
         self.credentials = credentials
         self._closed = False  # set by close(): every later call raises SidecarClosed
         self._connect()
+        if prepare:
+            self._attach_in_background()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -114,6 +121,10 @@ class ClientApi(abc.ABC, Generic[ResultT, StreamT]):
     @abc.abstractmethod
     def _connect(self) -> None:
         """Open the channel (again, in a child after fork)."""
+
+    @abc.abstractmethod
+    def _attach_in_background(self) -> None:
+        """Start attaching in the background (see `prepare`)."""
 
     @abc.abstractmethod
     def _result(self, steps: Steps[EncodeResult]) -> ResultT:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any, TypeVar
 
@@ -21,6 +22,8 @@ from ._stream import StreamCore, StreamFace
 from ._types import Attachment, EncodeResult, Lease, Status
 
 T = TypeVar("T")
+
+log = logging.getLogger("client")
 
 
 class AsyncSidecarClient(ClientApi[Coroutine[Any, Any, EncodeResult], "AsyncVideoStream"]):
@@ -40,6 +43,8 @@ class AsyncSidecarClient(ClientApi[Coroutine[Any, Any, EncodeResult], "AsyncVide
     is open crashed in the child about one time in three).
     """
 
+    _preparing: asyncio.Task[None] | None = None
+
     def _connect(self) -> None:
         self._generation = fork_generation()
         self._channel, self._stubs = open_channel(grpc.aio, self._core.target, self.credentials)
@@ -54,6 +59,19 @@ class AsyncSidecarClient(ClientApi[Coroutine[Any, Any, EncodeResult], "AsyncVide
     async def _run(self, steps: Steps[T]) -> T:
         self._check_open(steps)
         return await run_awaiting(steps, self._perform)
+
+    def _attach_in_background(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # made outside a loop: the first call attaches
+        self._preparing = loop.create_task(self._attach_early(), name="video-sidecar-attach")
+
+    async def _attach_early(self) -> None:
+        try:
+            await self._run(self._core.attach())
+        except Exception as exc:  # the first request attaches itself, and raises this
+            log.debug("attaching early to %s failed: %s", self._core.target, exc)
 
     async def _perform(self, op: Op) -> Any:
         if isinstance(op, ops.Work):  # a long one may write into leases: to its end
@@ -120,6 +138,8 @@ class AsyncSidecarClient(ClientApi[Coroutine[Any, Any, EncodeResult], "AsyncVide
         `SidecarClosed`."""
         if self._closed:
             return
+        if self._preparing is not None and not self._preparing.done():
+            await asyncio.wait([self._preparing])
         try:
             await self._run(self._core.close())
         finally:

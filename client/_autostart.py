@@ -50,7 +50,7 @@ def serving(target: str) -> bool:
     """Whether a daemon answers health checks at `target` (a gRPC target)."""
     from ._sync import SidecarClient
 
-    with SidecarClient(target, timeout=2) as probe:
+    with SidecarClient(target, timeout=2, prepare=False) as probe:
         try:
             return probe.health() == "SERVING"
         except TransportError:

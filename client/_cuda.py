@@ -262,6 +262,10 @@ class CudaHost:
             log.warning(message)
 
     def video(self, view: Any, conversion: Conversion) -> CudaVideo:
+        self._check_fork()
+        if self._registering is None:
+            # Attached before the process started CUDA: the background starts now.
+            self.warm_in_background(view.device)
         return CudaVideo(view, conversion, self)
 
     def warm_up(self, device: Any = None) -> None:

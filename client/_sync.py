@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import queue
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
@@ -22,6 +25,8 @@ from ._types import Attachment, EncodeResult, Lease, Status
 
 T = TypeVar("T")
 
+log = logging.getLogger("client")
+
 
 class SidecarClient(ClientApi[EncodeResult, "VideoStream"]):
     """Talks to a video-sidecar daemon and writes frames straight into its slabs.
@@ -37,6 +42,8 @@ class SidecarClient(ClientApi[EncodeResult, "VideoStream"]):
     fork: the child opens its own channel and attaches anew.
     """
 
+    _preparing: threading.Thread | None = None
+
     def _connect(self) -> None:
         self._generation = fork_generation()
         self._channel, self._stubs = open_channel(grpc, self._core.target, self.credentials)
@@ -51,6 +58,24 @@ class SidecarClient(ClientApi[EncodeResult, "VideoStream"]):
     def _run(self, steps: Steps[T]) -> T:
         self._check_open(steps)
         return run_blocking(steps, self._perform)
+
+    def _attach_in_background(self) -> None:
+        # Not a daemon thread: the interpreter must not end it inside a gRPC call.
+        self._preparing = threading.Thread(target=self._attach_early, name="video-sidecar-attach")
+        _PREPARING.add(self)
+        self._preparing.start()
+
+    def _attach_early(self) -> None:
+        try:
+            self._run(self._core.attach())
+        except Exception as exc:  # the first request attaches itself, and raises this
+            log.debug("attaching early to %s failed: %s", self._core.target, exc)
+
+    def _prepared(self) -> None:
+        """Wait for the early attach, if under way (bounded by the unary timeout)."""
+        thread = self._preparing
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
 
     def _perform(self, op: Op) -> Any:
         if self._generation != fork_generation():
@@ -94,6 +119,7 @@ class SidecarClient(ClientApi[EncodeResult, "VideoStream"]):
         `SidecarClosed`."""
         if self._closed:
             return
+        self._prepared()
         try:
             self._run(self._core.close())
         finally:
@@ -128,6 +154,19 @@ class SidecarClient(ClientApi[EncodeResult, "VideoStream"]):
     def health(self, service: str = "") -> str:
         """The daemon's health status name, e.g. "SERVING"."""
         return self._run(self._core.health(service))
+
+
+# Clients attaching early: a fork waits for their attach, so that no child starts with a
+# client's lock held, or a call half made, by a thread it does not have.
+_PREPARING: weakref.WeakSet[SidecarClient] = weakref.WeakSet()
+
+
+def _before_fork() -> None:
+    for client in list(_PREPARING):
+        client._prepared()
+
+
+os.register_at_fork(before=_before_fork)
 
 
 class VideoStream(StreamFace):

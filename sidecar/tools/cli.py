@@ -112,7 +112,7 @@ def _ask(args: argparse.Namespace, question: Callable[[SidecarClient], T]) -> T 
 
     socket = _socket(args.socket)
     try:
-        with SidecarClient(socket, timeout=args.timeout) as client:
+        with SidecarClient(socket, timeout=args.timeout, prepare=False) as client:
             return question(client)
     except SidecarError as exc:
         print(f"video-sidecar: {_unreachable(socket, exc, args.timeout)}", file=sys.stderr)

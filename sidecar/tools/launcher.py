@@ -37,7 +37,7 @@ def serve_command() -> list[str]:
 
 
 def is_serving(socket: str) -> bool:
-    with SidecarClient(socket, timeout=2) as probe:
+    with SidecarClient(socket, timeout=2, prepare=False) as probe:
         try:
             return probe.health() == "SERVING"
         except TransportError:
@@ -120,7 +120,7 @@ class DaemonProcess:
     def _wait_ready(self, timeout: float) -> None:
         assert self.process is not None
         deadline = time.monotonic() + timeout
-        with SidecarClient(self.socket, timeout=2) as probe:
+        with SidecarClient(self.socket, timeout=2, prepare=False) as probe:
             while True:
                 if self.process.poll() is not None:
                     raise RuntimeError(f"the daemon exited with status {self.process.returncode}")
