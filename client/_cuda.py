@@ -215,8 +215,7 @@ class CudaHost:
         # `_video.gpu_wire_format`); a request registers the slab it needs itself.
         with contextlib.suppress(Exception):  # an optimisation: a request would load them
             warm_elementwise(device)
-        if not self._stopping.is_set():
-            self.register_all(quiet)
+        self.register_all(quiet)  # quiet (the background's): stops at once at exit
 
     def unregister(self, address: int) -> bool:
         """Called before a slab is unmapped. False: keep the mapping (still registered)."""
