@@ -52,6 +52,7 @@ class _Mapping:
     map: mmap.mmap
     array: np.ndarray
     users: int = 0
+    filling: bool = False  # the kernel is filling in its page tables: not to be unmapped
 
 
 class ProcessMaps:
@@ -59,6 +60,7 @@ class ProcessMaps:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._filled = threading.Condition(self._lock)  # a fill let go of a mapping
         self._maps: dict[str, _Mapping] = {}
         # Called with a slab's address before it is unmapped; False keeps the mapping
         # (a CUDA registration that could not be undone must not outlive its memory).
@@ -96,11 +98,19 @@ class ProcessMaps:
             if mapping.users > 0:
                 return
             del self._maps[path]  # out of the map first: a registration elsewhere skips it
+            self._wait_unfilled(mapping)
         self._unmap(mapping)
 
     def _drop(self, path: str) -> None:
         mapping = self._maps.pop(path)
+        self._wait_unfilled(mapping)
         self._unmap(mapping)
+
+    def _wait_unfilled(self, mapping: _Mapping) -> None:
+        # (lock held) Unmapping a range the kernel is filling would let the fill reach
+        # whatever is mapped there next; the wait is one slab's fill at most.
+        while mapping.filling:
+            self._filled.wait()
 
     def _unmap(self, mapping: _Mapping) -> None:
         address = int(mapping.array.ctypes.data)
@@ -126,15 +136,37 @@ class ProcessMaps:
     def _fill(self) -> None:
         for address in self.addresses():
             with self._lock:
-                if address in self._populated:
+                # Only a slab still mapped is marked: one unmapped since `addresses()`
+                # would leave its address marked for the next mapping placed there.
+                mapping = self._mapped_at(address)
+                if mapping is None or address in self._populated:
                     continue
                 self._populated.add(address)
-            slab = self.slab_of(address)
-            if slab is not None and not _madvise(*slab, MADV_POPULATE_WRITE):
+                mapping.filling = True
+            try:
+                filled = _madvise(address, int(mapping.array.size), MADV_POPULATE_WRITE)
+            finally:
+                with self._lock:
+                    mapping.filling = False
+                    self._filled.notify_all()
+            if not filled:
                 return
 
+    def _mapped_at(self, address: int) -> _Mapping | None:
+        for mapping in self._maps.values():
+            if int(mapping.array.ctypes.data) == address:
+                return mapping
+        return None
+
     def forget_filled(self) -> None:
+        """In a child after fork: no page table is filled, no thread fills one, and no
+        lock is held (the parent's holder does not exist here)."""
+        self._lock = threading.Lock()
+        self._filled = threading.Condition(self._lock)
         self._populated = set()
+        self._populating = None
+        for mapping in self._maps.values():
+            mapping.filling = False
 
     def populate_in_background(self) -> None:
         """`populate` on a thread of its own, unless one runs or nothing is left to fill."""

@@ -1,0 +1,74 @@
+"""The page-table fill of a process's slab mappings (`client._slabs.ProcessMaps`) against
+clients letting go of them at the same time: a slab is never unmapped while the kernel
+fills it, and an address unmapped before the fill reaches it is not left marked filled
+for the next mapping placed there (which would then go unfilled)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from client import _slabs
+from client._slabs import ProcessMaps, SlabInfo
+
+SIZE = 1 << 20
+
+
+def _slab(tmp_path: Path, name: str = "slab0") -> SlabInfo:
+    (tmp_path / name).write_bytes(bytes(SIZE))
+    return SlabInfo(0, name, SIZE)
+
+
+def test_a_slab_let_go_of_during_its_fill_is_unmapped_once_the_fill_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    maps = ProcessMaps()
+    path, array = maps.acquire(str(tmp_path), _slab(tmp_path))
+    address = int(array.ctypes.data)
+    del array
+    started, go = threading.Event(), threading.Event()
+    real = _slabs._madvise
+
+    def held(address: int, size: int, advice: int) -> bool:
+        started.set()
+        assert go.wait(10)
+        return real(address, size, advice)
+
+    monkeypatch.setattr(_slabs, "_madvise", held)
+    fill = threading.Thread(target=maps._fill)
+    fill.start()
+    assert started.wait(10)
+    release = threading.Thread(target=maps.release, args=(path,))
+    release.start()
+    time.sleep(0.2)
+    assert release.is_alive()  # waits for the kernel to finish with the range
+    go.set()
+    fill.join(10)
+    release.join(10)
+    assert not release.is_alive() and not maps.addresses()
+    assert address not in maps._populated
+
+
+def test_a_slab_unmapped_before_the_fill_reaches_it_is_not_marked_filled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    maps = ProcessMaps()
+    path, array = maps.acquire(str(tmp_path), _slab(tmp_path))
+    address = int(array.ctypes.data)
+    del array
+    seen = maps.addresses()  # what a fill started now would go through
+    maps.release(path)
+    called: list[int] = []
+    monkeypatch.setattr(_slabs, "_madvise", lambda a, s, v: called.append(a) or True)
+    monkeypatch.setattr(maps, "addresses", lambda: seen)
+    maps._fill()
+    assert called == [] and address not in maps._populated
+    # The next mapping, wherever the kernel places it, is filled.
+    monkeypatch.undo()
+    monkeypatch.setattr(_slabs, "_madvise", lambda a, s, v: called.append(a) or True)
+    _, array = maps.acquire(str(tmp_path), _slab(tmp_path, "slab1"))
+    maps.populate()
+    assert called == [int(array.ctypes.data)]
