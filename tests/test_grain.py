@@ -47,6 +47,27 @@ def test_smooth_frames_and_edges_are_not_grain() -> None:
     assert noise_sigma(np.zeros((2, 2), np.uint8)) == 0.0  # too small to tell
 
 
+@pytest.mark.parametrize(("height", "width"), [(256, 448), (768, 1344), (1080, 1920)])
+def test_the_measure_reads_a_bounded_sample_at_any_size(
+    height: int, width: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It runs in line before every encode: a large frame is read on fewer rows, and
+    still tells grain from a smooth picture."""
+    from sidecar.codec import grain
+
+    sampled: list[int] = []
+    median = np.median
+    monkeypatch.setattr(grain.np, "median", lambda a: sampled.append(a.size) or median(a))
+    noisy, smooth = (
+        moving_pattern(1, height, width, noise=4.0)[0],
+        moving_pattern(1, height, width)[0],
+    )
+    rgb = PIXEL_FORMATS["rgb24"]
+    assert noise_sigma(detail_plane(noisy, rgb, height)) == pytest.approx(4.0, rel=0.25)
+    assert not is_grainy(smooth, rgb, height)
+    assert all(grain.SAMPLE_PIXELS * 0.8 <= n <= grain.SAMPLE_PIXELS * 1.4 for n in sampled)
+
+
 @pytest.mark.parametrize("name", ["yuv420p", "nv12", "gray", "bgr24", "rgba"])
 def test_every_pixel_format_is_measured(name: str) -> None:
     frame = grainy(1)[0]
