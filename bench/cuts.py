@@ -1,7 +1,7 @@
 """What a cut that costs a keyframe buys and costs: one encoder against K at once.
 
     python -m bench.cuts [--shapes 832x480x81,1344x768x122] [--content natural,smooth,noisy]
-                         [--segments 1,2,3] [--samples 3] [--json FILE]
+                         [--segments 1,2,3] [--crf-offset 0.5] [--samples 3] [--json FILE]
 
 The daemon cuts a whole video into parallel segments only where a single pass starts a
 GOP anyway, on multiples of the keyframe interval (`sidecar/pipeline/encoding/segments.py`),
@@ -14,12 +14,14 @@ by `thread_shares`), all at once in threads, as `encode_segments` runs them. It 
 the wall time (the median of `--samples`), the bytes of all the segments' packets, and
 the PSNR of their decoded frames against the input (every plane). K=1 is the daemon's
 single pass. Bytes and PSNR do not depend on the machine; times do (run it on the host
-whose cores the question is about).
+whose cores the question is about). `--crf-offset D` encodes every count but the first at
+the profile's CRF plus D (x264 takes fractions): whether a cut's bytes can be bought back.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import os
 import sys
@@ -72,7 +74,17 @@ def decoded(segments: list[list[bytes]]) -> np.ndarray:
     return np.stack(frames)
 
 
-def measure(shape: str, name: str, counts: list[int], samples: int) -> list[Row]:
+def with_crf_offset(codec: ResolvedCodec, offset: float) -> ResolvedCodec:
+    """`codec` at its CRF plus `offset` (unchanged for 0 or without a CRF)."""
+    crf = codec.options.get("crf")
+    if not offset or crf is None:
+        return codec
+    return dataclasses.replace(codec, options={**codec.options, "crf": f"{float(crf) + offset:g}"})
+
+
+def measure(
+    shape: str, name: str, counts: list[int], samples: int, crf_offset: float = 0.0
+) -> list[Row]:
     width, height, total = parse_shape(shape)
     rgb = content(name, shape)
     frames = yuv_frames(rgb)
@@ -81,7 +93,8 @@ def measure(shape: str, name: str, counts: list[int], samples: int) -> list[Row]
     geometry = check_geometry(width, height, "yuv420p", Fraction(FPS), LIMITS)
     threads = frame_threads(len(os.sched_getaffinity(0)))
     rows: list[Row] = []
-    for count in counts:
+    for index, count in enumerate(counts):
+        settings = with_crf_offset(codec, crf_offset) if index else codec
         edges = [round(total * k / count) for k in range(count + 1)]
         ranges = list(itertools.pairwise(edges))
         shares = thread_shares(threads, [stop - start for start, stop in ranges])
@@ -92,7 +105,7 @@ def measure(shape: str, name: str, counts: list[int], samples: int) -> list[Row]
                 t0 = time.perf_counter()
                 made = list(
                     pool.map(
-                        lambda r, n: encode_range(frames, r[0], r[1], geometry, codec, n),
+                        lambda r, n, c=settings: encode_range(frames, r[0], r[1], geometry, c, n),
                         ranges,
                         shares,
                     )
@@ -107,7 +120,7 @@ def measure(shape: str, name: str, counts: list[int], samples: int) -> list[Row]
             "bytes": sum(len(p) for packets in made for p in packets),
             "psnr_db": round(psnr(back, given), 3),
             "threads": shares,
-            "options": codec.options,
+            "options": settings.options,
         }
         rows.append(row)
     base = rows[0]
@@ -126,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shapes", default="832x480x81,1280x720x81,1344x768x122")
     p.add_argument("--content", default="natural,smooth,noisy")
     p.add_argument("--segments", default="1,2,3", help="segment counts; the first is the base")
+    p.add_argument(
+        "--crf-offset", type=float, default=0.0, help="CRF added to every count but the first"
+    )
     p.add_argument("--samples", type=int, default=3)
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)
@@ -144,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| --- | --- | ---: | --- | ---: | ---: | ---: | --- |")
     for shape in args.shapes.split(","):
         for name in names:
-            for row in measure(shape, name, counts, args.samples):
+            for row in measure(shape, name, counts, args.samples, args.crf_offset):
                 rows.append(row)
                 x: dict[str, Any] = row.extra
                 print(

@@ -186,3 +186,18 @@ def test_cuts_measure_what_a_keyframe_costs_beside_one_pass(
     assert "| smooth | 96x64x30 | 2 |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="--segments"):
         cuts.main(["--segments", "0"])
+
+
+def test_cuts_can_encode_the_cut_video_at_another_crf(tmp_path: Path) -> None:
+    """`--crf-offset`: every count but the first at the profile's CRF plus the offset,
+    which x264 takes as a fraction; fewer bytes for it."""
+    from bench import cuts
+
+    out = tmp_path / "cuts.json"
+    argv = ["--shapes", "96x64x30", "--content", "smooth", "--segments", "1,2,2", "--samples", "1"]
+    assert cuts.main([*argv, "--crf-offset", "2.5", "--json", str(out)]) == 0
+    one, two, _ = json.loads(out.read_text())["rows"]
+    assert float(two["extra"]["options"]["crf"]) == float(one["extra"]["options"]["crf"]) + 2.5
+    plain = tmp_path / "plain.json"
+    assert cuts.main([*argv, "--json", str(plain)]) == 0
+    assert two["extra"]["bytes"] < json.loads(plain.read_text())["rows"][1]["extra"]["bytes"]
