@@ -685,8 +685,9 @@ def test_an_idle_daemon_gives_its_encoders_memory_back(  # type: ignore[no-untyp
     loaded = tree()
     assert loaded > before + 25, (before, loaded)  # the load held encoders' memory
     # At least 90% of what the load took comes back (on 16 cores: 114 MiB before, 357
-    # under load, 129 after; on 2 cores within 5 MiB of before).
-    back = before + max(5.0, 0.1 * (loaded - before))
+    # under load, 129 after; on 2 cores 0-6 MiB above before, where the daemon alone
+    # held 10-25 MiB more without the release).
+    back = before + max(7.0, 0.1 * (loaded - before))
     assert wait_for(lambda: tree() < back, timeout=15), (before, loaded, tree())
     with d.client() as c:  # and the next request still finds an encoder
         assert decode(c.encode(clip).data)[0].shape == clip.shape
