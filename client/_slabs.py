@@ -81,9 +81,10 @@ class ProcessMaps:
         path = os.path.join(shm_dir, slab.shm_name)
         with self._lock:
             mapping = self._maps.get(path)
-            if mapping is None or mapping.array.size != slab.size:
-                if mapping is not None:  # another segment by that name: a new daemon
-                    self._drop(path)
+            while mapping is not None and mapping.array.size != slab.size:
+                self._drop(path)  # another segment by that name: a new daemon
+                mapping = self._maps.get(path)  # (another client's, mapped during the wait)
+            if mapping is None:
                 mapping = self._maps[path] = _map(path, slab.size)
             mapping.users += 1
             return path, mapping.array

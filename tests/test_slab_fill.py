@@ -72,3 +72,42 @@ def test_a_slab_unmapped_before_the_fill_reaches_it_is_not_marked_filled(
     _, array = maps.acquire(str(tmp_path), _slab(tmp_path, "slab1"))
     maps.populate()
     assert called == [int(array.ctypes.data)]
+
+
+def test_clients_mapping_a_new_daemons_slab_during_a_fill_share_one_mapping(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new daemon's slab by the same name replaces the old mapping once its fill ends;
+    a second client mapping it meanwhile is not lost to the first one's."""
+    maps = ProcessMaps()
+    maps.acquire(str(tmp_path), _slab(tmp_path))
+    started, go = threading.Event(), threading.Event()
+    real = _slabs._madvise
+
+    def held(address: int, size: int, advice: int) -> bool:
+        started.set()
+        assert go.wait(10)
+        return real(address, size, advice)
+
+    monkeypatch.setattr(_slabs, "_madvise", held)
+    fill = threading.Thread(target=maps._fill)
+    fill.start()
+    assert started.wait(10)
+    (tmp_path / "slab0").unlink()  # the new daemon's segment, larger
+    (tmp_path / "slab0").write_bytes(bytes(2 * SIZE))
+    new = SlabInfo(0, "slab0", 2 * SIZE)
+    got: list[int] = []
+
+    def acquire() -> None:
+        got.append(int(maps.acquire(str(tmp_path), new)[1].ctypes.data))
+
+    clients = [threading.Thread(target=acquire) for _ in range(2)]
+    for client in clients:
+        client.start()
+        time.sleep(0.1)
+    go.set()
+    for thread in (fill, *clients):
+        thread.join(10)
+    assert len(got) == 2 and got[0] == got[1]
+    (mapping,) = maps._maps.values()
+    assert mapping.users == 2 and mapping.array.size == 2 * SIZE
