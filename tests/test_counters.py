@@ -87,6 +87,11 @@ def test_totals_add_up_with_each_outcome_labelled(make_daemon) -> None:  # type:
             c.encode_leased([FrameRange("0" * 32, 1)], width=64, height=64)
         with pytest.raises(RuntimeError, match="stop"), c.stream(fps=24) as s:
             s.write(moving_pattern(8, 64, 64))
+            # Cancelled once the daemon has it: a stream cancelled before its call
+            # reached the daemon is no request there.
+            deadline = time.monotonic() + 10
+            while c.status().counters["requests"] < 3 and time.monotonic() < deadline:
+                time.sleep(0.02)
             raise RuntimeError("stop")  # the client cancels its stream
         k = _settled(c).counters
     assert k["requests"] == 3 and k["encodes_ok"] == 1, k
