@@ -139,8 +139,8 @@ class ProcessMaps:
             with self._lock:
                 # Only a slab still mapped is marked: one unmapped since `addresses()`
                 # would leave its address marked for the next mapping placed there.
-                mapping = self._mapped_at(address)
-                if mapping is None or address in self._populated:
+                mapping = self._containing(address)
+                if mapping is None or _base(mapping) != address or address in self._populated:
                     continue
                 self._populated.add(address)
                 mapping.filling = True
@@ -152,12 +152,6 @@ class ProcessMaps:
                     self._filled.notify_all()
             if not filled:
                 return
-
-    def _mapped_at(self, address: int) -> _Mapping | None:
-        for mapping in self._maps.values():
-            if int(mapping.array.ctypes.data) == address:
-                return mapping
-        return None
 
     def forget_filled(self) -> None:
         """In a child after fork: no page table is filled, no thread fills one, and no
@@ -186,11 +180,18 @@ class ProcessMaps:
     def slab_of(self, address: int) -> tuple[int, int] | None:
         """(base address, size) of the mapped slab containing `address` (no lock: a slab
         being unmapped is gone from the map before it is)."""
+        mapping = self._containing(address)
+        return None if mapping is None else (_base(mapping), int(mapping.array.size))
+
+    def _containing(self, address: int) -> _Mapping | None:
         for mapping in list(self._maps.values()):
-            base = int(mapping.array.ctypes.data)
-            if base <= address < base + mapping.array.size:
-                return base, int(mapping.array.size)
+            if _base(mapping) <= address < _base(mapping) + mapping.array.size:
+                return mapping
         return None
+
+
+def _base(mapping: _Mapping) -> int:
+    return int(mapping.array.ctypes.data)
 
 
 def _map(path: str, size: int) -> _Mapping:

@@ -22,13 +22,11 @@ def _slab(tmp_path: Path, name: str = "slab0") -> SlabInfo:
     return SlabInfo(0, name, SIZE)
 
 
-def test_a_slab_let_go_of_during_its_fill_is_unmapped_once_the_fill_ends(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    maps = ProcessMaps()
-    path, array = maps.acquire(str(tmp_path), _slab(tmp_path))
-    address = int(array.ctypes.data)
-    del array
+def _fill_held(
+    maps: ProcessMaps, monkeypatch: pytest.MonkeyPatch
+) -> tuple[threading.Thread, threading.Event]:
+    """A fill of `maps` on a thread of its own, held inside the kernel's call until the
+    event returned is set."""
     started, go = threading.Event(), threading.Event()
     real = _slabs._madvise
 
@@ -41,6 +39,17 @@ def test_a_slab_let_go_of_during_its_fill_is_unmapped_once_the_fill_ends(
     fill = threading.Thread(target=maps._fill)
     fill.start()
     assert started.wait(10)
+    return fill, go
+
+
+def test_a_slab_let_go_of_during_its_fill_is_unmapped_once_the_fill_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    maps = ProcessMaps()
+    path, array = maps.acquire(str(tmp_path), _slab(tmp_path))
+    address = int(array.ctypes.data)
+    del array
+    fill, go = _fill_held(maps, monkeypatch)
     release = threading.Thread(target=maps.release, args=(path,))
     release.start()
     time.sleep(0.2)
@@ -81,18 +90,7 @@ def test_clients_mapping_a_new_daemons_slab_during_a_fill_share_one_mapping(
     a second client mapping it meanwhile is not lost to the first one's."""
     maps = ProcessMaps()
     maps.acquire(str(tmp_path), _slab(tmp_path))
-    started, go = threading.Event(), threading.Event()
-    real = _slabs._madvise
-
-    def held(address: int, size: int, advice: int) -> bool:
-        started.set()
-        assert go.wait(10)
-        return real(address, size, advice)
-
-    monkeypatch.setattr(_slabs, "_madvise", held)
-    fill = threading.Thread(target=maps._fill)
-    fill.start()
-    assert started.wait(10)
+    fill, go = _fill_held(maps, monkeypatch)
     (tmp_path / "slab0").unlink()  # the new daemon's segment, larger
     (tmp_path / "slab0").write_bytes(bytes(2 * SIZE))
     new = SlabInfo(0, "slab0", 2 * SIZE)
