@@ -15,8 +15,13 @@ fresh worker processes, one after another, and records:
   its figures are kept apart from the later ones');
 - `burst_after_idle`: eight clients in one fresh process, each its own `SidecarClient`
   never warmed up, idle `--idle` seconds (the daemon idle too), then `--waves` waves of one
-  request each, all eight at once; then the steady 8-client median (each back to back).
-  The same for upstream A in a fresh process (8 threads).
+  request each, all eight at once; then the steady 8-client median (each back to back);
+  then `--waves` warm waves, as the first ones but with nothing left to warm. A wave sends
+  eight requests at the same instant, which steady clients (each at its own phase) never
+  do: the warm waves are what a wave costs when nothing is cold, so later waves against
+  them show any cost left in line, and against the steady median what a wave's
+  synchronised start costs besides. The same for upstream A in a fresh process (8
+  threads).
 
 Every figure is a wall time in ms, the encode at the daemon's profile (`--profile`).
 """
@@ -132,13 +137,22 @@ def _burst(
         t.start()
     for t in threads:
         t.join()
+    warm_ms = []
+    for _ in range(waves):
+        stages.append([])
+        warm_ms.append(_together(send))
     for c in clients:
         c.close()
     medians = [
         {k: round(statistics.median(t[k] for t in wave), 2) for k in wave[0]} if wave else {}
         for wave in stages
     ]
-    return {"waves_ms": wave_ms, "steady_ms": statistics.median(steady), "stages_ms": medians}
+    return {
+        "waves_ms": wave_ms,
+        "steady_ms": statistics.median(steady),
+        "warm_waves_ms": warm_ms,
+        "stages_ms": medians,
+    }
 
 
 def _together(send: list[Any]) -> float:
@@ -219,14 +233,24 @@ def summary(results: dict) -> str:
         f"| steady 8-client median | {burst['steady_ms']:.1f} ms | "
         f"{up_burst['steady_ms']:.1f} ms |",
     ]
+    if burst.get("warm_waves_ms") and up_burst.get("warm_waves_ms"):
+        warm, up_warm = med(burst["warm_waves_ms"]), med(up_burst["warm_waves_ms"])
+        lines += [
+            f"| warm waves after the steady requests (median) | {warm:.1f} ms | {up_warm:.1f} ms |",
+            f"| later waves / warm waves (max) | "
+            f"{max(w / warm for w in burst['waves_ms'][1:]):.2f}x | "
+            f"{max(w / up_warm for w in up_burst['waves_ms'][1:]):.2f}x |",
+        ]
     stages = burst.get("stages_ms") or []
     if stages and stages[0]:
         names = [k for k in stages[0] if any(wave.get(k, 0) >= 0.5 for wave in stages)]
-        lines += ["", "The burst's stages, median per wave (ms; last: the steady requests):",
+        lines += ["", "The burst's stages, median per wave (ms; `steady`: the steady requests,",
+                  "`warm`: the warm waves):",
                   "", "| wave | " + " | ".join(n.removesuffix("_ms") for n in names) + " |",
                   "| --- |" + " ---: |" * len(names)]  # fmt: skip
+        waves = len(burst["waves_ms"])
         for i, wave in enumerate(stages):
-            label = "steady" if i == len(stages) - 1 else str(i + 1)
+            label = str(i + 1) if i < waves else "steady" if i == waves else f"warm {i - waves}"
             cells = " | ".join(f"{wave.get(n, 0):.1f}" for n in names)
             lines.append(f"| {label} | {cells} |")
     return "\n".join(lines)

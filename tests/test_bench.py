@@ -162,6 +162,8 @@ def test_the_cold_suite_times_fresh_workers_against_upstream(tmp_path: Path) -> 
     assert results["first_no_warm_up"][0]["first_ms"] > 0
     assert results["warm_up"][0]["warm_up_ms"] > 0
     assert len(results["burst_after_idle"]["waves_ms"]) == 2
+    assert len(results["burst_after_idle"]["warm_waves_ms"]) == 2  # the same, warm
+    assert len(results["upstream_burst_after_idle"]["warm_waves_ms"]) == 2
     assert results["upstream_burst_after_idle"]["steady_ms"] > 0
 
 
