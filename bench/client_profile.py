@@ -1,11 +1,20 @@
 """Where the client's own time goes: small clips back to back, under cProfile.
 
     python -m bench.client_profile [--device cpu|cuda] [--shape 448x256x4] [--calls 300]
+    python -m bench.client_profile --device cuda --calls 0 --clients 8
 
 Starts a daemon with default settings, sends `--calls` back-to-back `encode()` calls of
 one clip per pixel format, and prints the median time outside the daemon (total minus the
 daemon's own time; the copy into the lease is part of it) and the functions that took it.
 cProfile slows the client itself, so the medians are above the bench's.
+
+`--clients N` then measures what a worker process pays in CPU for its clients' requests,
+with no profiler: one client back to back, then N clients of the process (one thread
+each) in waves of N requests at once, then back to back. Per request: the wall time, the
+copy (`copy_ms`), and the process's CPU time (user and system, all its threads) over the
+requests it sent. Threads of one process share its GIL, so what each request spends in
+Python and in the calls that let go of the GIL and take it back is paid N times over in a
+wave.
 """
 
 from __future__ import annotations
@@ -13,8 +22,11 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import resource
 import statistics
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from client import SidecarClient
@@ -44,12 +56,76 @@ def profile(client: SidecarClient, video: Any, fmt: str | None, calls: int, sync
     pstats.Stats(profiler).sort_stats("tottime").print_stats(14)
 
 
-def main() -> None:
+def _process_cpu_ms() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return (usage.ru_utime + usage.ru_stime) * 1e3
+
+
+def clients_cpu(socket: str, video: Any, clients: int, rounds: int = 20) -> None:
+    """One client back to back, then `clients` clients in waves and back to back."""
+    with SidecarClient(socket) as one:
+        one.warm_up()
+        for _ in range(30):
+            one.encode(video)
+        _report("1 client, back to back", [one], video, rounds * clients, None)
+    many = [SidecarClient(socket) for _ in range(clients)]
+    try:
+        for c in many:
+            c.warm_up()
+        _report(f"{clients} clients, back to back", many, video, rounds, None)  # warms
+        _report(f"{clients} clients, back to back", many, video, rounds, None)
+        _report(f"{clients} clients, waves", many, video, rounds, threading.Barrier(clients))
+    finally:
+        for c in many:
+            c.close()
+
+
+def _report(label: str, clients: list[SidecarClient], video: Any, rounds: int, wave: Any) -> None:
+    walls: list[float] = []
+    copies: list[float] = []
+    lock = threading.Lock()
+
+    def send(client: SidecarClient) -> None:
+        for _ in range(rounds):
+            if wave is not None:
+                wave.wait()
+            t0 = time.perf_counter()
+            result = client.encode(video)
+            wall = (time.perf_counter() - t0) * 1e3
+            with lock:
+                walls.append(wall)
+                copies.append(result.timings.copy_ms)
+
+    run: Callable[[], None]
+    if len(clients) == 1:
+        run = lambda: send(clients[0])  # noqa: E731
+    else:
+
+        def run() -> None:
+            threads = [threading.Thread(target=send, args=(c,)) for c in clients]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+
+    cpu0 = _process_cpu_ms()
+    run()
+    cpu = (_process_cpu_ms() - cpu0) / len(walls)
+    print(
+        f"{label}: wall {statistics.median(walls):.2f} ms, copy "
+        f"{statistics.median(copies):.2f} ms, the process's CPU {cpu:.2f} ms a request "
+        f"(medians of {len(walls)})"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--shape", default="448x256x4")
     parser.add_argument("--calls", type=int, default=300)
-    args = parser.parse_args()
+    parser.add_argument("--clients", type=int, default=0, help="then N clients' CPU cost")
+    parser.add_argument("--rounds", type=int, default=20, help="--clients: requests each")
+    args = parser.parse_args(argv)
     width, height, frames = parse_shape(args.shape)
     video: Any = moving_pattern(frames, height, width)
     sync: Any = lambda: None  # noqa: E731
@@ -61,8 +137,10 @@ def main() -> None:
         sync = torch.cuda.synchronize
         formats.append("rgb24")  # the default for a CUDA tensor is yuv420p
     with daemon() as d, SidecarClient(d.socket) as client:
-        for fmt in formats:
+        for fmt in formats if args.calls else []:
             profile(client, video, fmt, args.calls, sync)
+        if args.clients:
+            clients_cpu(d.socket, video, args.clients, args.rounds)
 
 
 if __name__ == "__main__":

@@ -167,6 +167,27 @@ def test_the_cold_suite_times_fresh_workers_against_upstream(tmp_path: Path) -> 
     assert results["upstream_burst_after_idle"]["steady_ms"] > 0
 
 
+def test_client_profile_prices_n_clients_of_one_process(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`bench.client_profile --clients N`: one client, then N of one process back to back
+    and in waves, each line with its wall time, copy and the process's CPU a request."""
+    from bench import client_profile
+
+    client_profile.main(["--calls", "0", "--clients", "2", "--rounds", "3", "--shape", "64x48x2"])
+    lines = capsys.readouterr().out.splitlines()
+    labels = [line.split(":")[0] for line in lines]
+    assert labels == [
+        "1 client, back to back",
+        *["2 clients, back to back"] * 2,
+        "2 clients, waves",
+    ]
+    for line, requests in zip(lines, (6, 6, 6, 6), strict=True):
+        assert f"(medians of {requests})" in line
+        cpu = float(line.split("CPU ")[1].split(" ms")[0])
+        assert cpu > 0
+
+
 def test_cuts_measure_what_a_keyframe_costs_beside_one_pass(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -82,9 +82,9 @@ def test_conversion_clamps_special_values() -> None:
 
 @pytest.mark.parametrize("pixel_format", ["yuv420p", "nv12"])
 def test_420_planes_agree_on_tensors_and_arrays(pixel_format: str) -> None:
-    """The 4:2:0 planes from tensors (written in place, fewer calls) and from numpy: the
-    same to one level at a rounding tie; uint8's extremes land on the limited range's
-    ends unclamped; float NaN and infinities are clamped as for RGB."""
+    """The 4:2:0 planes from tensors and from numpy arrays: the same to one level (a
+    rounding tie); uint8's extremes land on the limited range's ends; float values past
+    the range, NaN and infinities are clamped, as for RGB."""
     rng = np.random.default_rng(3)
     frames = rng.integers(0, 256, (3, 34, 58, 3), dtype=np.uint8)
     frames[0] = 0
