@@ -301,7 +301,12 @@ class Sidecar:
 
     def _accept(self, spec: EncodeSpec, *, stream: bool = False) -> Accepted:
         self._check_accepting()
-        self.drain.check_encode(leases=len(spec.video.ranges), stream=stream)
+        holding = (
+            stream
+            and self.drain.draining
+            and self.leases.on_their_way(REQUEST_ON_ITS_WAY_S, spec.client_token)
+        )
+        self.drain.check_encode(leases=len(spec.video.ranges), stream=stream, holding=holding)
         self._seen(spec.client_token)
         return self.planner.accept(spec, stream=stream)
 

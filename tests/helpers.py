@@ -246,3 +246,14 @@ def index_first(data: bytes) -> int:
     assert kinds[:2] == [b"ftyp", b"moov"] and kinds[-1] == b"mdat", kinds
     assert set(kinds[2:-1]) <= {b"free"}, kinds
     return sum(size for kind, size in boxes if kind == b"free")
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 10.0, poll: float = 0.05) -> bool:
+    """Whether `predicate` came true within `timeout` seconds. Give each wait its own
+    timeout: on a loaded machine one slow step must not use up the next one's time."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(poll)
+    return bool(predicate())

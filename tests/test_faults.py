@@ -20,16 +20,7 @@ from client import DeadlineExceeded, Reason, ResourceExhausted, SidecarUnavailab
 from client.patterns import moving_pattern
 
 from .conftest import new_prefix
-from .helpers import Daemon, SlowHandshake, decode, mapped_segments
-
-
-def wait_until(predicate, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
+from .helpers import Daemon, SlowHandshake, decode, mapped_segments, wait_until
 
 
 @contextlib.contextmanager

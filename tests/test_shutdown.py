@@ -11,7 +11,7 @@ import pytest
 from client import SidecarUnavailable
 from client.patterns import moving_pattern
 
-from .helpers import decode
+from .helpers import decode, wait_until
 
 
 def test_sigterm_drains_then_unlinks(make_daemon) -> None:
@@ -116,12 +116,15 @@ def test_second_signal_forces_the_exit(make_daemon) -> None:  # type: ignore[no-
 
 
 def test_videos_waiting_for_room_finish_after_the_signal(make_daemon, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """A video larger than the pool travels as a stream that waits for room between its
-    chunks, and a second video waits for room whole: SIGTERM lets both finish, each
-    written to its file, while a new client is refused in words that name the stop."""
+    """A video larger than the pool travels as a stream that waits for room for each
+    chunk, and a second video waits for room whole: with both waiting at the signal,
+    SIGTERM lets both finish, each written to its file, while a new client is refused in
+    words that name the stop. The room is held by hand until after the signal (an
+    encode of these takes a fraction of a second: a wait left to the encodes' pace is
+    too short to signal into reliably)."""
     d = make_daemon(shutdown_grace=60, slabs=2, slab_size="8MiB")
     big = moving_pattern(96, 384, 512)  # 57 MB through a 16 MiB pool
-    small = moving_pattern(12, 384, 512)  # 7 MB: waits while the stream holds the room
+    small = moving_pattern(12, 384, 512)  # 7 MB: waits whole
     outcome: dict[str, object] = {}
 
     def send(name: str, video: object) -> None:
@@ -134,26 +137,24 @@ def test_videos_waiting_for_room_finish_after_the_signal(make_daemon, tmp_path) 
     workers = [
         threading.Thread(target=send, args=(n, v)) for n, v in (("big", big), ("small", small))
     ]
-    with d.client() as probe:
-        probe.status()
-        workers[0].start()
-        deadline = time.monotonic() + 20
-        while probe.status().active_encodes == 0 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        workers[1].start()
-        # The small video's own wait (the stream may be waiting for room too, between its
-        # chunks): only then is it work in flight, which the stop lets finish.
-        while time.monotonic() < deadline and not any(
-            w["client"] == "small" for w in probe.status().lease_waiters
-        ):
-            time.sleep(0.01)
+    with d.client() as holder, d.client() as probe:
+        held = [holder.lease(8 << 20), holder.lease(8 << 20)]  # the whole pool
+
+        def waiting() -> set[str]:
+            return {w["client"] for w in probe.status().lease_waiters}
+
+        for worker in workers:
+            worker.start()
+        assert wait_until(lambda: waiting() == {"big", "small"}, 30), waiting()
         d.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
-        while probe.health() != "NOT_SERVING" and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert wait_until(lambda: probe.health() == "NOT_SERVING", 30), "the signal was not taken"
         with pytest.raises(SidecarUnavailable, match="shutting down"), d.client() as late:
             late.encode(moving_pattern(2, 32, 32))
-    for worker in workers:
-        worker.join(90)
+        assert waiting() == {"big", "small"}  # still waiting, not refused
+        for lease in held:
+            holder.release(lease)
+        for worker in workers:
+            worker.join(90)
     for name, count in (("big", 96), ("small", 12)):
         result = outcome[name]
         assert not isinstance(result, Exception), (name, result, d.log()[-3000:])

@@ -9,14 +9,15 @@ In flight is whatever a client had begun before the stop:
 - a Lease waiting for room: it stays in the queue and is served from the room the
   draining encodes free;
 - leases a client holds for a request it has not sent yet (leased, copying its frames):
-  an Encode naming them is accepted, and a client holding such leases may lease the rest
-  of its video.
+  an Encode naming them is accepted, as is a stream its client opens while holding such
+  leases (a video larger than the pool: its first chunk leased, waiting for room, then
+  copied), and a client holding such leases may lease the rest of its video.
 
 New work is refused at once with UNAVAILABLE, `SHUTTING_DOWN`, in words that name the
 stop: Attach, a Lease from a client with nothing in flight, an Encode that names no lease,
-a new stream. The daemon waits while anything is in flight (`in_flight`); what has not
-finished when the grace ends is stopped and told so in the same words, and no partial
-file is left.
+a new stream from a client holding no lease on its way. The daemon waits while anything
+is in flight (`in_flight`); what has not finished when the grace ends is stopped and told
+so in the same words, and no partial file is left.
 """
 
 from __future__ import annotations
@@ -56,10 +57,13 @@ class Drain:
         if self.draining and not (working or holding):
             raise ShuttingDown(f"{STOP_TEXT}: it takes no new work; send this to another daemon")
 
-    def check_encode(self, *, leases: int, stream: bool) -> None:
-        """A whole video naming leases its client holds goes on (the request was begun);
-        a new stream, or a video with no lease, is new work."""
-        if self.draining and (stream or not leases):
+    def check_encode(self, *, leases: int, stream: bool, holding: bool = False) -> None:
+        """A whole video naming leases its client holds goes on (the request was begun),
+        and so does a stream whose client holds leases for a request on its way
+        (`holding`: its first chunk's); a video with no lease, or a stream from a client
+        holding none, is new work."""
+        begun = holding if stream else leases > 0
+        if self.draining and not begun:
             raise ShuttingDown(f"{STOP_TEXT}: it takes no new work; send this to another daemon")
 
     def stopped(self) -> ShuttingDown:
