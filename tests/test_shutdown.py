@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import signal
 import threading
 import time
@@ -193,3 +194,20 @@ def test_work_over_its_grace_is_stopped_in_words_that_say_so(make_daemon) -> Non
     assert errors[0].reason == "SHUTTING_DOWN"
     assert "grace period ended" in str(errors[0])
     assert d.segments() == []
+
+
+def test_the_stop_rule_tells_work_begun_from_new_work() -> None:
+    """While draining: a whole video naming leases goes on, one naming none is new work;
+    a stream goes on only for a client holding leases on their way (its first chunk)."""
+    from sidecar.errors import ShuttingDown
+    from sidecar.pipeline.admission.drain import Drain
+
+    drain = Drain()
+    for leases, stream, holding in itertools.product((0, 2), (False, True), (False, True)):
+        drain.check_encode(leases=leases, stream=stream, holding=holding)  # serving: all
+    drain.begin()
+    drain.check_encode(leases=2, stream=False)
+    drain.check_encode(leases=0, stream=True, holding=True)
+    for leases, stream in ((0, False), (0, True), (2, True)):
+        with pytest.raises(ShuttingDown, match="no new work"):
+            drain.check_encode(leases=leases, stream=stream, holding=False)
