@@ -26,7 +26,6 @@ import resource
 import statistics
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 from client import SidecarClient
@@ -96,20 +95,12 @@ def _report(label: str, clients: list[SidecarClient], video: Any, rounds: int, w
                 walls.append(wall)
                 copies.append(result.timings.copy_ms)
 
-    run: Callable[[], None]
-    if len(clients) == 1:
-        run = lambda: send(clients[0])  # noqa: E731
-    else:
-
-        def run() -> None:
-            threads = [threading.Thread(target=send, args=(c,)) for c in clients]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-
+    threads = [threading.Thread(target=send, args=(c,)) for c in clients]
     cpu0 = _process_cpu_ms()
-    run()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     cpu = (_process_cpu_ms() - cpu0) / len(walls)
     print(
         f"{label}: wall {statistics.median(walls):.2f} ms, copy "

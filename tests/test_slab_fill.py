@@ -42,13 +42,18 @@ def _fill_held(
     return fill, go
 
 
+def _mapped(tmp_path: Path) -> tuple[ProcessMaps, str, int]:
+    """A process's maps holding one slab: the maps, the slab's path and its address (the
+    array let go of, so that only the mapping holds it)."""
+    maps = ProcessMaps()
+    path, array = maps.acquire(str(tmp_path), _slab(tmp_path))
+    return maps, path, int(array.ctypes.data)
+
+
 def test_a_slab_let_go_of_during_its_fill_is_unmapped_once_the_fill_ends(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    maps = ProcessMaps()
-    path, array = maps.acquire(str(tmp_path), _slab(tmp_path))
-    address = int(array.ctypes.data)
-    del array
+    maps, path, address = _mapped(tmp_path)
     fill, go = _fill_held(maps, monkeypatch)
     release = threading.Thread(target=maps.release, args=(path,))
     release.start()
@@ -64,10 +69,7 @@ def test_a_slab_let_go_of_during_its_fill_is_unmapped_once_the_fill_ends(
 def test_a_slab_unmapped_before_the_fill_reaches_it_is_not_marked_filled(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    maps = ProcessMaps()
-    path, array = maps.acquire(str(tmp_path), _slab(tmp_path))
-    address = int(array.ctypes.data)
-    del array
+    maps, path, address = _mapped(tmp_path)
     seen = maps.addresses()  # what a fill started now would go through
     maps.release(path)
     called: list[int] = []
