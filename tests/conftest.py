@@ -121,9 +121,6 @@ def _cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Exclusive tests last, in one block (see below): each waits until every other worker
-    # has finished the test under way, which costs least when those are exclusive too.
-    items.sort(key=lambda item: item.get_closest_marker("exclusive") is not None)
     if _cuda_available():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (run on the GPU machine)")
