@@ -95,7 +95,9 @@ class AsyncSidecarClient(ClientApi[Coroutine[Any, Any, EncodeResult], "AsyncVide
             releases = isinstance(op.request, pb.ReleaseRequest)
             return await (to_the_end(exchange) if releases else exchange)
         if isinstance(op, ops.Replies):
-            async for event in self._stubs["sidecar"].Encode(op.request, timeout=op.timeout):
+            async for event in self._stubs["sidecar"].Encode(
+                op.request, timeout=op.timeout, metadata=ops.deadline_metadata(op.timeout)
+            ):
                 op.feed(event)
             return None
         if isinstance(op, ops.Exclusive):
@@ -219,7 +221,9 @@ class _StreamCall:
     """An EncodeStream call: requests written on the call, replies read by a task."""
 
     def __init__(self, stub: Any, op: ops.OpenStream) -> None:
-        self._call = stub.EncodeStream(timeout=op.timeout)
+        self._call = stub.EncodeStream(
+            timeout=op.timeout, metadata=ops.deadline_metadata(op.timeout)
+        )
         self._stream = op.reader
         self._reader = asyncio.create_task(self._read())
 

@@ -13,6 +13,7 @@ async connections.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Generator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ import grpc
 from google.protobuf.message import Message
 
 from sidecar.api.v1 import sidecar_pb2 as pb
+from sidecar.vocabulary import DEADLINE_KEY
 
 from ._errors import error_from_rpc
 
@@ -114,6 +116,12 @@ class OnStream:
 
 Op = Call | Replies | Exchange | Work | Exclusive | OpenStream | OnStream
 Steps = Generator[Op, Any, T]
+
+
+def deadline_metadata(timeout: float | None) -> tuple[tuple[str, str], ...]:
+    """The metadata of an encode RPC about to start with `timeout` seconds: its deadline
+    as this client set it (see `DEADLINE_KEY`)."""
+    return () if timeout is None else ((DEADLINE_KEY, f"{time.time() + timeout:.6f}"),)
 
 
 class Task(Generic[T]):

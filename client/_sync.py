@@ -91,7 +91,9 @@ class SidecarClient(ClientApi[EncodeResult, "VideoStream"]):
         if isinstance(op, ops.Exchange):
             return self._connections.exchange(op)
         if isinstance(op, ops.Replies):
-            for event in self._stubs["sidecar"].Encode(op.request, timeout=op.timeout):
+            for event in self._stubs["sidecar"].Encode(
+                op.request, timeout=op.timeout, metadata=ops.deadline_metadata(op.timeout)
+            ):
                 op.feed(event)
             return None
         if isinstance(op, ops.Exclusive):
@@ -213,7 +215,11 @@ class _StreamCall:
     def __init__(self, stub: Any, op: ops.OpenStream) -> None:
         self._requests: queue.Queue[pb.StreamRequest | None] = queue.Queue()
         self._requests.put(op.header)
-        self._call = stub.EncodeStream(iter(self._requests.get, None), timeout=op.timeout)
+        self._call = stub.EncodeStream(
+            iter(self._requests.get, None),
+            timeout=op.timeout,
+            metadata=ops.deadline_metadata(op.timeout),
+        )
         self._reader = threading.Thread(
             target=self._read, args=(op,), name="video-sidecar-stream", daemon=True
         )

@@ -21,6 +21,11 @@ from .api.v1 import sidecar_pb2 as pb
 ERROR_KEY = "video-sidecar-error"
 ERROR_DOMAIN = "video-sidecar"
 ERROR_DETAILS_KEY = "grpc-status-details-bin"
+# Request-metadata key of an encode RPC's deadline as the client set it, in decimal Unix
+# seconds. gRPC sends only the time left, which the daemon counts from the call's arrival:
+# on a loaded host that falls after the client's own deadline, and the client's cancel at
+# its deadline would read as a cancel. Both ends read one host's clock.
+DEADLINE_KEY = "video-sidecar-deadline"
 
 # Said in a POOL_EXHAUSTED refusal that came because nothing in the pool moved, not
 # because the request's own wait ran out (the client tells its deadline by this).

@@ -138,3 +138,53 @@ def test_an_encode_its_deadline_stopped_is_logged_and_counted_as_that(make_daemo
             time.sleep(0.1)
         assert mine and mine[0]["status"] == "DEADLINE_EXCEEDED", d.log()[-2000:]
         assert c.status().counters["errors"].get("DEADLINE_EXCEEDED", 0) >= 1
+
+
+def test_the_deadline_the_client_sent_stops_the_encode(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    """The deadline a client sends in the metadata is the one the daemon keeps, when it
+    falls before the one gRPC carried: the encode stops there and is logged and answered
+    as DEADLINE_EXCEEDED. (gRPC's own deadline falls later on the daemon's side by the
+    time the call took to arrive, which on a loaded host makes a cancel of it.)"""
+    import grpc
+
+    from sidecar.api.v1 import sidecar_pb2 as pb
+    from sidecar.api.v1 import sidecar_pb2_grpc as pb_grpc
+    from sidecar.vocabulary import DEADLINE_KEY
+
+    d = make_daemon(log_json="true", framed_socket=False)
+    frames, width, height = 45, 448, 256  # one lease: a slab holds 16 MiB
+    grain = np.random.default_rng(3).integers(0, 256, (frames, height, width, 3), dtype=np.uint8)
+    with grpc.insecure_channel(f"unix:{d.socket}") as channel:
+        s = pb_grpc.VideoSidecarStub(channel)  # type: ignore[no-untyped-call]
+        attached = s.Attach(pb.AttachRequest(client_name="sent-deadline"))
+        token = attached.client_token
+        lease = s.Lease(pb.LeaseRequest(client_token=token, size=grain.nbytes, wait_ms=5000))
+        slab = next(x for x in attached.slabs if x.id == lease.slab_id)
+        with open(Path(attached.shm_dir) / slab.shm_name, "r+b") as f:
+            f.seek(lease.offset)
+            f.write(grain.tobytes())
+        request = pb.EncodeRequest(
+            client_token=token, request_id="sent-1",
+            video=pb.VideoDescriptor(
+                width=width, height=height, pixel_format=pb.PIXEL_FORMAT_RGB24,
+                fps=pb.Rational(num=24, den=1),
+                ranges=[pb.FrameRange(lease_id=lease.lease_id, frame_count=frames)],
+            ),
+            codec=pb.CodecOptions(codec="h264", preset="veryslow"),
+            output=pb.OutputSpec(bytes=pb.BytesOutput()),
+        )  # fmt: skip
+        sent = ((DEADLINE_KEY, f"{time.time() + 0.3:.6f}"),)
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as err:
+            for _ in s.Encode(request, timeout=60, metadata=sent):
+                pass
+        took = time.monotonic() - started
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, err.value
+    assert took < 20, took  # stopped at the deadline sent, not gRPC's 60 s
+    deadline = time.monotonic() + 10
+    mine: list[dict[str, object]] = []
+    while not mine and time.monotonic() < deadline:
+        records = [json.loads(line) for line in d.log().splitlines() if line.startswith("{")]
+        mine = [r for r in records if r.get("request_id") == "sent-1" and "status" in r]
+        time.sleep(0.1)
+    assert mine and mine[0]["status"] == "DEADLINE_EXCEEDED", d.log()[-2000:]

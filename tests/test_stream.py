@@ -24,7 +24,7 @@ from client import (
 )
 from client.patterns import moving_pattern
 
-from .helpers import Daemon, decode, psnr
+from .helpers import Daemon, decode, psnr, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -180,10 +180,15 @@ def wait_for_idle(c: Any, leases: int = 0, timeout: float = 5.0) -> Any:
 
 def test_cancelling_a_stream_frees_its_leases(daemon: Daemon, connect, video: np.ndarray) -> None:
     with connect(daemon) as c:
-        failed = c.status().counters["encodes_failed"]
+        before = c.status().counters
+        failed, requests = before["encodes_failed"], before["requests"]
         with pytest.raises(RuntimeError, match="stop"), c.stream(fps=24) as s:
             s.write(video[:12])
             s.write(video[12:24])
+            # Once the daemon has the stream, its end must be counted. (A call the client
+            # cancels before it arrives is no request at all: under load the async client's
+            # writes may still be on their way.)
+            assert wait_until(lambda: c.status().counters["requests"] > requests)
             raise RuntimeError("stop")
         status = wait_for_idle(c)
         assert status.pool["active_leases"] == 0 and status.active_encodes == 0

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 
 from ..errors import Cancelled, DeadlinePassed, SidecarError
+from ..vocabulary import DEADLINE_KEY
 
 
 async def unless_cancelled(
@@ -33,6 +36,17 @@ def after_call(context: grpc.aio.ServicerContext) -> Callable[[Callable[[], None
 
 
 DEADLINE_MARGIN_S = 0.05
+# The client's deadline in the metadata: decimal Unix seconds, nothing else.
+_UNIX_TIME = re.compile(r"[0-9]{1,12}(\.[0-9]{1,9})?")
+
+
+def clients_deadline(context: grpc.aio.ServicerContext) -> float | None:
+    """Seconds left until the deadline the client sent, or None if it sent none, or one
+    that is not a plain decimal Unix time (ignored: gRPC's deadline still holds)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == DEADLINE_KEY and isinstance(value, str) and _UNIX_TIME.fullmatch(value):
+            return float(value) - time.time()
+    return None
 
 
 class CallEnd:
@@ -53,8 +67,11 @@ class CallEnd:
 
     @classmethod
     def of(cls, context: grpc.aio.ServicerContext) -> CallEnd:
-        """Ended by the gRPC call's end or its deadline."""
-        end = cls(context.time_remaining())
+        """Ended by the gRPC call's end or its deadline, the client's own where it sent it
+        (only ever earlier: a call without a gRPC deadline keeps none)."""
+        remaining = context.time_remaining()
+        sent = clients_deadline(context) if remaining is not None else None
+        end = cls(remaining if sent is None else min(remaining, sent))
         end._context = context
         context.add_done_callback(lambda _context: end.end())
         return end
@@ -82,8 +99,9 @@ class CallEnd:
         so, whether this timer or gRPC ended the call for it. (The daemon's timer may fire
         before the client's: the client should see its deadline, not a cancel it never
         made.)"""
-        # The client's clock runs its deadline out first, by the time the request took to
-        # get here: its cancel within that margin is the deadline's.
+        # Without the client's own deadline in the metadata its clock runs the deadline
+        # out first, by the time the request took to get here: a cancel within that
+        # margin is the deadline's.
         passed = (
             self._deadline_at is not None
             and asyncio.get_running_loop().time() >= self._deadline_at - DEADLINE_MARGIN_S
