@@ -176,15 +176,18 @@ class Ops:
             return x.to(dtype=self.torch.float32, copy=True)
         return x.astype(np.float32)
 
-    def to_uint8(self, x: Any) -> Any:
-        """Clamp to 0..255 (NaN to 0, +inf to 255), round half to even, cast."""
+    def to_uint8(self, x: Any, in_range: bool = False) -> Any:
+        """Clamp to 0..255 (NaN to 0, +inf to 255), round half to even, cast. `in_range`:
+        `x` is known finite and within 0..255, and is only rounded."""
         if self.torch:
-            x = self.torch.nan_to_num_(x, nan=0.0, posinf=255.0, neginf=0.0)
-            return x.clamp_(0, 255).round_().to(self.torch.uint8)
-        # fmax and fmin take the number over a NaN: NaN becomes 0, in two passes where
-        # nan_to_num and clip take six.
-        np.fmax(x, 0, out=x)
-        np.fmin(x, 255, out=x)
+            if not in_range:
+                x = self.torch.nan_to_num_(x, nan=0.0, posinf=255.0, neginf=0.0).clamp_(0, 255)
+            return x.round_().to(self.torch.uint8)
+        if not in_range:
+            # fmax and fmin take the number over a NaN: NaN becomes 0, in two passes where
+            # nan_to_num and clip take six.
+            np.fmax(x, 0, out=x)
+            np.fmin(x, 255, out=x)
         np.rint(x, out=x)
         return x.astype(np.uint8)
 
@@ -214,25 +217,61 @@ def to_rgb_levels(batch: Any, ops: Ops, scale: float, offset: float, integer: bo
     return x
 
 
-def rgb_to_yuv420(rgb: Any, ops: Ops, nv12: bool) -> Any:
+def rgb_to_yuv420(rgb: Any, ops: Ops, nv12: bool, in_range: bool = False) -> Any:
     """(k,H,W,3) float levels -> (k,H*3/2,W) uint8, BT.709 limited, chroma averaged 2x2.
+    `in_range`: the levels are finite and within 0..255 (uint8 frames), so every plane
+    is too (Y in 16..235, U and V in 16..240), and nothing is clamped.
 
     Elementwise on purpose: on a GPU, tiny (3x3) matrix products are slower than a few
     fused-friendly multiply-adds over the planes.
     """
+    if ops.torch:
+        return _rgb_to_yuv420_torch(rgb, ops.torch, nv12, in_range)
     k, h, w, _ = rgb.shape
     r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
-    y8 = ops.to_uint8(Y_ROW[0] * r + Y_ROW[1] * g + Y_ROW[2] * b + 16)
+    y8 = ops.to_uint8(Y_ROW[0] * r + Y_ROW[1] * g + Y_ROW[2] * b + 16, in_range)
     half = ops.mean(rgb.reshape(k, h // 2, 2, w // 2, 2, 3), (2, 4))
     hr, hg, hb = half[..., 0], half[..., 1], half[..., 2]
-    u8 = ops.to_uint8(U_ROW[0] * hr + U_ROW[1] * hg + U_ROW[2] * hb + 128)
-    v8 = ops.to_uint8(V_ROW[0] * hr + V_ROW[1] * hg + V_ROW[2] * hb + 128)
+    u8 = ops.to_uint8(U_ROW[0] * hr + U_ROW[1] * hg + U_ROW[2] * hb + 128, in_range)
+    v8 = ops.to_uint8(V_ROW[0] * hr + V_ROW[1] * hg + V_ROW[2] * hb + 128, in_range)
     if nv12:
         chroma = ops.stack([u8, v8], axis=3).reshape(k, -1)
     else:
         chroma = ops.cat([u8.reshape(k, -1), v8.reshape(k, -1)], axis=1)
     # Planes end to end, seen as one (H*3/2, W) array: the layout PyAV borrows.
     return ops.cat([y8.reshape(k, -1), chroma], axis=1).reshape(k, h * 3 // 2, w)
+
+
+def _rgb_to_yuv420_torch(rgb: Any, torch: Any, nv12: bool, in_range: bool) -> Any:
+    """`rgb_to_yuv420` on tensors, each plane written straight into the output, in as few
+    calls as the arithmetic allows. Each torch call lets go of the GIL and takes it back:
+    with eight clients' threads in one worker, a short clip's conversion waited for the
+    GIL at every call, so the calls, not the kernels, set its cost."""
+    k, h, w, _ = rgb.shape
+    out = torch.empty((k, h * 3 // 2, w), dtype=torch.uint8, device=rgb.device)
+    flat = out.view(k, -1)
+    area = h * w
+    _plane(torch, rgb.unbind(-1), Y_ROW, 16, flat[:, :area].view(k, h, w), in_range)
+    half = rgb.reshape(k, h // 2, 2, w // 2, 2, 3).mean((2, 4)).unbind(-1)
+    if nv12:
+        uv = flat[:, area:].view(k, h // 2, w // 2, 2).unbind(-1)
+    else:
+        uv = flat[:, area:].view(k, 2, h // 2, w // 2).unbind(1)
+    _plane(torch, half, U_ROW, 128, uv[0], in_range)
+    _plane(torch, half, V_ROW, 128, uv[1], in_range)
+    return out
+
+
+def _plane(
+    torch: Any, rgb: tuple[Any, ...], row: tuple[float, ...], offset: int, out: Any, in_range: bool
+) -> None:
+    """`out` (uint8) = round(row . rgb + offset), clamped to 0..255 unless `in_range`."""
+    r, g, b = rgb
+    x = torch.mul(r, row[0])
+    x.add_(g, alpha=row[1]).add_(b, alpha=row[2]).add_(offset)
+    if not in_range:
+        torch.nan_to_num_(x, nan=0.0, posinf=255.0, neginf=0.0).clamp_(0, 255)
+    out.copy_(x.round_())  # whole numbers in 0..255: the cast is exact
 
 
 @dataclass(frozen=True)
@@ -251,7 +290,8 @@ class Conversion:
     def apply(self, batch: Any, ops: Ops) -> Any:
         if self.yuv:
             rgb = to_rgb_levels(batch, ops, self.scale, self.offset, self.integer)
-            return rgb_to_yuv420(rgb, ops, nv12=self.pixel_format == "nv12")
+            nv12 = self.pixel_format == "nv12"
+            return rgb_to_yuv420(rgb, ops, nv12, in_range=self.integer)
         if self.integer:
             return batch
         return ops.to_uint8(to_rgb_levels(batch, ops, self.scale, self.offset, False))

@@ -82,6 +82,13 @@ class CudaHost:
     _stopping: threading.Event = field(default_factory=threading.Event)
     _exit_hooked: bool = False
     _last_copy: float = 0.0  # monotonic time a request last queued a copy
+    # Held by the thread queueing a batch's conversion and copy. torch lets go of the GIL
+    # in every op, so threads queueing at once take turns at each of a batch's few dozen
+    # ops, each waiting for every other's turn. Eight clients of one process sending
+    # 448x256x4 back to back spent 6.7-10.5 ms each queueing and landing their frames,
+    # and 2.5-3.4 ms with this; their whole requests took 30% less
+    # (H100, bench/results/2026-12-07-h100-launch-lock.md).
+    queueing: threading.Lock = field(default_factory=threading.Lock)
 
     def copying(self) -> None:
         """A request is queueing copies now (the background waits for a pause)."""
@@ -106,6 +113,7 @@ class CudaHost:
             self._runtime = None
             self._registering = None
             self._stopping = threading.Event()
+            self.queueing = threading.Lock()  # perhaps held by a parent's thread at fork
             self.registrations = 0
 
     @property
@@ -350,23 +358,31 @@ class CudaVideo:
         with torch.cuda.device(self.device):
             for first in range(start, start + count, step):
                 last = min(first + step, start + count)
-                if overlap:
-                    with torch.cuda.stream(self._convert_stream):
-                        out = self._convert(self.frames_thwc[first:last], shape)
-                        converted = torch.cuda.Event()
-                        converted.record(self._convert_stream)
-                    self._side.wait_event(converted)
-                    out.record_stream(self._side)  # not reused before the copy is done
-                with torch.cuda.stream(self._side):
-                    if not overlap:
-                        out = self._convert(self.frames_thwc[first:last], shape)
-                    part = dst[first - start : last - start]
-                    # gray's channel axis of 1 goes: a view
-                    part.copy_(out.reshape(part.shape), non_blocking=True)
-                    if self._marked:
-                        landed = torch.cuda.Event()
-                        landed.record(self._side)
-                        self._marks.append((landed, last))
+                with self.host.queueing:
+                    self._queue_batch(dst, shape, first, last, start, overlap)
+
+    def _queue_batch(
+        self, dst: Any, shape: tuple[int, ...], first: int, last: int, start: int, overlap: bool
+    ) -> None:
+        """Queue frames [first, last)'s conversion and copy into `dst` on the streams."""
+        torch = self._torch
+        if overlap:
+            with torch.cuda.stream(self._convert_stream):
+                out = self._convert(self.frames_thwc[first:last], shape)
+                converted = torch.cuda.Event()
+                converted.record(self._convert_stream)
+            self._side.wait_event(converted)
+            out.record_stream(self._side)  # not reused before the copy is done
+        with torch.cuda.stream(self._side):
+            if not overlap:
+                out = self._convert(self.frames_thwc[first:last], shape)
+            part = dst[first - start : last - start]
+            # gray's channel axis of 1 goes: a view
+            part.copy_(out.reshape(part.shape), non_blocking=True)
+            if self._marked:
+                landed = torch.cuda.Event()
+                landed.record(self._side)
+                self._marks.append((landed, last))
 
     def _convert(self, batch: Any, shape: tuple[int, ...]) -> Any:
         """Wire frames for `batch`, on the GPU (the caller's own frames when they are)."""

@@ -153,6 +153,32 @@ def test_registration_happens_once_per_slab(daemon: Daemon, rgb: np.ndarray) -> 
         assert c.cuda_registrations == slabs  # each slab once, no more
 
 
+def test_clients_on_threads_each_get_their_own_frames(daemon: Daemon) -> None:
+    """Eight clients of one process sending different GPU videos at once, as a server's
+    request threads do: they share the process's streams and take turns queueing their
+    copies, and each file holds its own frames, byte for byte."""
+    videos = [moving_pattern(6, 96, 160 + 16 * i, noise=2.0, seed=i) for i in range(8)]
+    gpus = [torch.from_numpy(v).cuda() for v in videos]
+    with daemon.client() as c:  # one at a time (4:2:0 made on the GPU, the default path)
+        expected = [c.encode(g, threads=1).data for g in gpus]
+    got: dict[int, list[bytes | None]] = {i: [] for i in range(8)}
+    start = threading.Barrier(8)
+
+    def send(i: int) -> None:
+        with daemon.client() as mine:
+            start.wait()
+            for _ in range(5):
+                got[i].append(mine.encode(gpus[i], threads=1).data)
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for i in range(8):
+        assert got[i] == [expected[i]] * 5, f"client {i} got another's frames"
+
+
 def test_bounded_device_memory_for_bf16(daemon: Daemon) -> None:
     frames, h, w = 48, 768, 1344
     video = torch.rand(1, 3, frames, h, w, device="cuda").to(torch.bfloat16)  # 297 MB

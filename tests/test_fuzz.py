@@ -347,7 +347,7 @@ def test_one_bad_field(stub, field, number, text) -> None:  # type: ignore[no-un
 DEADLINES = st.one_of(
     st.sampled_from(
         ["", "0", "1", "-5", "nan", "inf", "1e300", "1.5e9", " 1", "1.", ".5", "9" * 13,
-         "99999999999.999999999", "4102444800", "0x10", "1_000", "\u0661"]
+         "99999999999.999999999", "4102444800", "0x10", "1_000", "+1", "1e3"]
     ),
     st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=40),
     st.floats(-1e12, 1e12, allow_nan=False).map(repr),
@@ -371,7 +371,7 @@ def test_deadline_metadata(stub, value, stream) -> None:  # type: ignore[no-unty
     )  # fmt: skip
     codec = pb.CodecOptions(codec="h264")
     output = pb.OutputSpec(bytes=pb.BytesOutput())
-    metadata = ((DEADLINE_KEY, value),)
+    metadata = ((DEADLINE_KEY, value),)  # printable ASCII: gRPC sends no other text value
     try:
         if stream:
             header = pb.StreamHeader(
@@ -392,13 +392,14 @@ def test_deadline_metadata(stub, value, stream) -> None:  # type: ignore[no-unty
         code = grpc.StatusCode.OK
     except grpc.RpcError as err:
         code = err.code()
+    finally:
+        call(s.Release, pb.ReleaseRequest(client_token=token, lease_id=lease.lease_id))
     COUNTS["deadline:" + code.name] += 1
     sent = re.fullmatch(r"[0-9]{1,12}(\.[0-9]{1,9})?", value)
     if sent is None or float(value) > time.time() + 30:
         assert code == grpc.StatusCode.OK, (value, code)  # ignored, or later than gRPC's
     elif float(value) < time.time() - 1:
         assert code == grpc.StatusCode.DEADLINE_EXCEEDED, (value, code)
-    call(s.Release, pb.ReleaseRequest(client_token=token, lease_id=lease.lease_id))
 
 
 @settings(
