@@ -22,7 +22,7 @@ from sidecar.vocabulary import Reason
 from ._attached import AttachedCore, cuda_in_use
 from ._audio import Pcm
 from ._convert import Conversion
-from ._cuda import CudaVideo
+from ._cuda_video import CudaVideo
 from ._errors import (
     FailedPrecondition,
     NotFound,

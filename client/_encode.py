@@ -21,7 +21,7 @@ from sidecar.vocabulary import LANDED_COUNT_BYTES as COUNT_BYTES
 from ._audio import Pcm
 from ._choice import WayName
 from ._core import ClientCore, audio_in
-from ._cuda import LANDING_MIN_BYTES
+from ._cuda_video import LANDING_MIN_BYTES
 from ._errors import ServerError
 from ._options import EncodeOptions, VideoFormat, VideoGeometry
 from ._plan import copy_step, plan_ranges

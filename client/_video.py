@@ -5,7 +5,7 @@ Three kinds of source, one protocol:
 - `PlanarVideo`: uint8 4:2:0 frames the caller already laid out as (T, H*3/2, W);
 - `ArrayVideo`: a numpy array or CPU tensor in any supported layout, dtype and range,
   converted in bounded batches straight into the lease;
-- `CudaVideo` (in `_cuda`): a CUDA tensor, converted on the GPU and copied
+- `CudaVideo` (in `_cuda_video`): a CUDA tensor, converted on the GPU and copied
   device-to-host straight into the (registered) lease.
 
 The client never imports torch itself: a tensor is recognised by its type's module.
