@@ -176,7 +176,9 @@ class ClientCore(AttachedCore):
         )
 
     def _cuda_video(self, view: Any, conversion: Conversion) -> CudaVideo:
-        return self.cuda_host().video(view, conversion)
+        host = self.cuda_host()
+        host.serve(view.device)
+        return CudaVideo(view, conversion, host)
 
     def warm_up(self, device: Any = None) -> Steps[None]:
         """Attach; with a CUDA device, register the slabs and load the GPU kernels; else

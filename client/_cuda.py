@@ -21,7 +21,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -32,10 +32,6 @@ from ._cuda_runtime import (
     warm_elementwise,
 )
 from ._slabs import PROCESS_MAPS, ProcessMaps
-
-if TYPE_CHECKING:
-    from ._convert import Conversion
-    from ._cuda_video import CudaVideo
 
 log = logging.getLogger(__name__)
 
@@ -259,14 +255,12 @@ class CudaHost:
             warnings.warn(message, RuntimeWarning, stacklevel=3)
             log.warning(message)
 
-    def video(self, view: Any, conversion: Conversion) -> CudaVideo:
-        from ._cuda_video import CudaVideo
-
+    def serve(self, device: Any) -> None:
+        """Before a video from `device` is copied: the background starts now if the
+        clients attached before the process started CUDA."""
         self._check_fork()
         if self._registering is None:
-            # Attached before the process started CUDA: the background starts now.
-            self.warm_in_background(view.device)
-        return CudaVideo(view, conversion, self)
+            self.warm_in_background(device)
 
     def warm_up(self, device: Any = None) -> None:
         """`warm_up()`'s GPU part, now: what `warm_in_background` does."""
