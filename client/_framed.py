@@ -11,8 +11,8 @@ leases. One connection carries one request at a time; the drivers keep one per r
 in flight.
 
 A connection that cannot be opened reads as a way out of reach (UNIMPLEMENTED): the
-client then uses gRPC until it attaches again. A deadline is the client's own: when it
-passes, the client closes the connection, which stops the encode.
+client then uses gRPC until it attaches again. An encode's deadline travels with it: the
+daemon stops the encode then, and the client closes the connection at the same moment.
 """
 
 from __future__ import annotations
@@ -119,8 +119,13 @@ async def _stop(task: asyncio.Future[T]) -> None:
             task.exception()
 
 
-def _frame(request: Request) -> bytes:
-    return framing.pack(framing.wrap(request))
+def _frame(request: Request, timeout: float | None) -> bytes:
+    """The request's bytes; an encode with a `timeout` carries its deadline, so that the
+    daemon stops it then and tells it from a cancel."""
+    wrapped = framing.wrap(request)
+    if timeout is not None and isinstance(request, pb.EncodeRequest):
+        wrapped.deadline_unix_s = time.time() + timeout
+    return framing.pack(wrapped)
 
 
 def _reply_length(header: bytes | bytearray, reply_max: int) -> int:
@@ -172,7 +177,7 @@ class FramedConnection:
         sock.settimeout(timeout)
         try:
             try:
-                sock.sendall(_frame(request))
+                sock.sendall(_frame(request, timeout))
             except (BrokenPipeError, ConnectionResetError) as exc:
                 raise _closed_before(exc) from None
             if landing is not None:
@@ -236,9 +241,9 @@ class AsyncFramedConnection:
         if the call is cancelled meanwhile."""
         try:
             if landing is None:
-                return await within(self._ask(request, reply_max), timeout)
+                return await within(self._ask(request, reply_max, timeout), timeout)
             started = time.monotonic()
-            await within(self._send(request), timeout)
+            await within(self._send(request, timeout), timeout)
             await to_the_end(asyncio.to_thread(landing))
             left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
             return await within(self._receive(reply_max), left)
@@ -249,13 +254,13 @@ class AsyncFramedConnection:
         except OSError as exc:
             raise SidecarUnavailable(f"framed connection lost: {exc.strerror or exc}") from None
 
-    async def _ask(self, request: Request, reply_max: int) -> pb.FramedReply:
-        await self._send(request)
+    async def _ask(self, request: Request, reply_max: int, timeout: float | None) -> pb.FramedReply:
+        await self._send(request, timeout)
         return await self._receive(reply_max)
 
-    async def _send(self, request: Request) -> None:
+    async def _send(self, request: Request, timeout: float | None) -> None:
         try:
-            self._writer.write(_frame(request))
+            self._writer.write(_frame(request, timeout))
             await self._writer.drain()
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise _closed_before(exc) from None

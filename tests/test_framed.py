@@ -235,25 +235,28 @@ def test_a_stranger_is_hung_up_on(daemon: Daemon, preamble: bytes, then: bytes) 
         assert wait_idle(c).pool["active_leases"] <= 1
 
 
+def _slow_request(c: Any, request_id: str) -> pb.EncodeRequest:
+    """A most-of-a-second encode of RGB frames in one lease, as a raw request."""
+    slow = moving_pattern(96, 176, 320)
+    video = pb.VideoDescriptor(
+        width=320, height=176, pixel_format=pb.PIXEL_FORMAT_RGB24,
+        fps=pb.Rational(num=24, den=1),
+        ranges=[pb.FrameRange(lease_id=filled_lease(c, slow), frame_count=96)],
+    )  # fmt: skip
+    output = pb.OutputSpec()
+    output.bytes.SetInParent()
+    return pb.EncodeRequest(
+        client_token=c.attach().client_token, video=video, output=output,
+        codec=pb.CodecOptions(preset="veryslow", threads=1, crf=0), request_id=request_id,
+    )  # fmt: skip
+
+
 def test_closing_the_connection_stops_its_encode(daemon: Daemon) -> None:
     from client import SidecarClient
 
-    slow = moving_pattern(96, 176, 320)  # RGB in one slab; most of a second to encode
     with SidecarClient(daemon.socket) as c:
-        token = c.attach().client_token
-        video = pb.VideoDescriptor(
-            width=320, height=176, pixel_format=pb.PIXEL_FORMAT_RGB24,
-            fps=pb.Rational(num=24, den=1),
-            ranges=[pb.FrameRange(lease_id=filled_lease(c, slow), frame_count=96)],
-        )  # fmt: skip
-        codec = pb.CodecOptions(preset="veryslow", threads=1, crf=0)
-        output = pb.OutputSpec()
-        output.bytes.SetInParent()
-        request = pb.EncodeRequest(
-            client_token=token, video=video, codec=codec, output=output, request_id="close-me"
-        )
         raw = framed_to(daemon)
-        raw.send(framed_request(encode=request))
+        raw.send(framed_request(encode=_slow_request(c, "close-me")))
         for _ in range(300):
             if c.status().active_encodes:
                 break
@@ -267,8 +270,8 @@ def test_closing_the_connection_stops_its_encode(daemon: Daemon) -> None:
 
 
 def test_a_deadline_on_the_framed_socket_stops_the_encode(daemon: Daemon, connect) -> None:  # type: ignore[no-untyped-def]
-    """The client keeps its own deadline: it closes the connection, and the daemon stops
-    the encode and frees its leases. The client's next encode works."""
+    """The client's deadline travels with the encode: the daemon stops it then, frees its
+    leases, and logs it as the deadline's, not as a cancel. The next encode works."""
     from client import DeadlineExceeded
 
     # 12 MiB as 4:2:0: one reply; over a second at this preset on a fast core
@@ -283,7 +286,65 @@ def test_a_deadline_on_the_framed_socket_stops_the_encode(daemon: Daemon, connec
         status = wait_idle(c)
         assert status.active_encodes == 0 and status.pool["active_leases"] <= 1
         assert c.encode(CLIP).frames == 3
-    assert f"request_id={request_id} status=CANCELLED" in daemon.log()
+    assert f"request_id={request_id} status=DEADLINE_EXCEEDED" in daemon.log()
+
+
+def test_the_deadline_a_framed_encode_carries_stops_it_alone(daemon: Daemon) -> None:
+    """An encode whose `deadline_unix_s` passes is stopped then and answered
+    DEADLINE_EXCEEDED; the connection stays open and serves the next request."""
+    from client import SidecarClient
+
+    with SidecarClient(daemon.socket) as c:
+        token = c.attach().client_token
+        raw = framed_to(daemon)
+        try:
+            started = time.monotonic()
+            raw.send(
+                pb.FramedRequest(
+                    encode=_slow_request(c, "framed-late"), deadline_unix_s=time.time() + 0.3
+                ).SerializeToString()
+            )
+            late = raw.reply()
+            assert late is not None and late.WhichOneof("reply") == "error", late
+            assert late.error.code == 4, late  # DEADLINE_EXCEEDED
+            assert time.monotonic() - started < 5
+            later = time.time() + 60  # one not reached: the encode finishes
+            raw.send(
+                pb.FramedRequest(
+                    encode=rgb_request(token, filled_lease(c)), deadline_unix_s=later
+                ).SerializeToString()
+            )
+            done = raw.reply()
+            assert done is not None and done.WhichOneof("reply") == "result", done
+            assert len(decode(done.result.data)[0]) == 3
+        finally:
+            raw.close()
+        assert wait_idle(c).pool["active_leases"] == 0
+    assert "request_id=framed-late status=DEADLINE_EXCEEDED" in daemon.log()
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0])
+def test_a_framed_deadline_that_is_no_time_is_refused(daemon: Daemon, value: float) -> None:
+    """A `deadline_unix_s` that is not a finite time from the epoch: INVALID_ARGUMENT
+    naming it, and the request's lease stays the client's, for its next request."""
+    from client import SidecarClient
+
+    with SidecarClient(daemon.socket) as c:
+        token = c.attach().client_token
+        lease = filled_lease(c)
+        raw = framed_to(daemon)
+        try:
+            request = rgb_request(token, lease)
+            raw.send(pb.FramedRequest(encode=request, deadline_unix_s=value).SerializeToString())
+            refused = raw.reply()
+            assert refused is not None and refused.error.code == 3, refused
+            assert refused.error.field == "deadline_unix_s"
+            raw.send(pb.FramedRequest(encode=request).SerializeToString())
+            done = raw.reply()
+            assert done is not None and done.WhichOneof("reply") == "result", done
+        finally:
+            raw.close()
+        assert wait_idle(c).pool["active_leases"] == 0
 
 
 def test_without_the_framed_socket_the_client_uses_grpc(make_daemon, connect, caplog) -> None:  # type: ignore[no-untyped-def]

@@ -4,6 +4,7 @@ internal one, never reads outside a lease, and keeps serving."""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import socket
@@ -30,7 +31,7 @@ from sidecar.vocabulary import DEADLINE_KEY
 from .helpers import Daemon, RawFramed
 
 LEASE = 64 * 1024
-# Each test's examples: the counts written below (some 6,350 requests in all) times
+# Each test's examples: the counts written below (some 6,500 requests in all) times
 # $VIDEO_SIDECAR_FUZZ_DEPTH; 0.4 unless set, which keeps the suite's time down, and a fresh
 # random draw each run. Set it to 1 or more for a deeper hunt.
 DEPTH = float(os.environ.get("VIDEO_SIDECAR_FUZZ_DEPTH", "0.4"))
@@ -62,7 +63,7 @@ COUNTS: Counter[str] = Counter()  # answers by "test:code" ("code" for encode de
 # The examples each test is written for, by its key in COUNTS.
 WRITTEN = {
     "": 1500, "one": 1000, "deadline": 150, "lease": 600, "stream": 300, "previews": 300,
-    "raw": 1200, "audio": 400, "codec": 300, "framed": 600,
+    "raw": 1200, "audio": 400, "codec": 300, "framed": 600, "framed-deadline": 150,
 }  # fmt: skip
 
 I64 = st.one_of(
@@ -125,9 +126,10 @@ class Framed(RawFramed):
     def ask(self, request: pb.EncodeRequest) -> grpc.StatusCode:
         return reply_code(self.exchange(request))
 
-    def exchange(self, request: framing.Request) -> pb.FramedReply:
-        """The reply to one request."""
-        self.send(framing.wrap(request).SerializeToString())
+    def exchange(self, request: framing.Request | pb.FramedRequest) -> pb.FramedReply:
+        """The reply to one request (wrapped here unless it comes wrapped)."""
+        wrapped = request if isinstance(request, pb.FramedRequest) else framing.wrap(request)
+        self.send(wrapped.SerializeToString())
         reply = self.reply()
         assert reply is not None, "the daemon ended a kept framed connection"
         return reply
@@ -400,6 +402,53 @@ def test_deadline_metadata(stub, value, stream) -> None:  # type: ignore[no-unty
         assert code == grpc.StatusCode.OK, (value, code)  # ignored, or later than gRPC's
     elif float(value) < time.time() - 1:
         assert code == grpc.StatusCode.DEADLINE_EXCEEDED, (value, code)
+
+
+@settings(
+    max_examples=examples(150),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    value=st.one_of(
+        st.floats(),  # NaN, infinities, subnormals, huge and below zero too
+        st.sampled_from([0.0, 1.0, 1.5e9, 4102444800.0, 2.0**63]),
+        st.floats(-5, 60).map(lambda ahead: time.time() + ahead),
+    )
+)
+def test_framed_deadline(daemon: Daemon, stub, value: float) -> None:  # type: ignore[no-untyped-def]
+    """Any `deadline_unix_s` on a framed encode: one that is no finite time from the epoch
+    is refused naming it, the lease kept; 0 is none; one past stops the encode as its
+    deadline; the connection carries on."""
+    s, token = stub
+    lease = s.Lease(pb.LeaseRequest(client_token=token, size=LEASE, wait_ms=5000))
+    video = pb.VideoDescriptor(
+        width=32, height=32, pixel_format=pb.PIXEL_FORMAT_RGB24, fps=pb.Rational(num=24, den=1),
+        ranges=[pb.FrameRange(lease_id=lease.lease_id, frame_count=4)],
+    )  # fmt: skip
+    request = pb.EncodeRequest(
+        client_token=token, video=video, output=pb.OutputSpec(bytes=pb.BytesOutput())
+    )
+    release = pb.ReleaseRequest(client_token=token, lease_id=lease.lease_id)
+    try:
+        reply = framed(daemon).exchange(pb.FramedRequest(encode=request, deadline_unix_s=value))
+        code = reply_code(reply)
+    except BaseException:
+        call(s.Release, release)
+        raise
+    COUNTS["framed-deadline:" + code.name] += 1
+    refused = not math.isfinite(value) or value < 0
+    if refused:
+        assert_lease_kept_unless_ok(s, token, lease.lease_id, code)  # and released
+    else:
+        call(s.Release, release)
+    if refused:
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, (value, reply)
+        assert reply.error.field == "deadline_unix_s"
+    elif value == 0 or value > time.time() + 30:
+        assert code == grpc.StatusCode.OK, (value, reply)
+    elif value < time.time() - 1:
+        assert code == grpc.StatusCode.DEADLINE_EXCEEDED, (value, reply)
 
 
 @settings(

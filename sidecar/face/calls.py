@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 import re
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import grpc
 
-from ..errors import Cancelled, DeadlinePassed, SidecarError
+from ..api.v1 import sidecar_pb2 as pb
+from ..errors import Cancelled, DeadlinePassed, InvalidRequest, SidecarError
 from ..vocabulary import DEADLINE_KEY
 
 
@@ -49,6 +52,14 @@ def clients_deadline(context: grpc.aio.ServicerContext) -> float | None:
     return None
 
 
+def framed_deadline(request: pb.FramedRequest) -> float | None:
+    """Seconds left until a framed encode's deadline (`deadline_unix_s`), None if none."""
+    value = request.deadline_unix_s
+    if not math.isfinite(value) or value < 0:
+        raise InvalidRequest("deadline_unix_s", "must be a finite Unix time, or 0 for none")
+    return None if value == 0 else value - time.time()
+
+
 class CallEnd:
     """Stops a call's encodes when the call ends early (the client gone, its deadline
     passed). Each encode gets an event of its own, as a job sets its event to stop its own
@@ -58,12 +69,35 @@ class CallEnd:
         self.ended = False
         self._current: threading.Event | None = None
         self._context: grpc.aio.ServicerContext | None = None
+        self._request_over = False  # the deadline of a kept connection's request passed
         loop = asyncio.get_running_loop()
         # When the call's deadline falls, on the loop's clock (None: no deadline).
         self._deadline_at = None if remaining is None else loop.time() + max(0.0, remaining)
         self._deadline = (
             None if self._deadline_at is None else loop.call_at(self._deadline_at, self.end)
         )
+
+    @contextlib.contextmanager
+    def request_deadline(self, remaining: float | None) -> Iterator[None]:
+        """A deadline for one request of a kept connection (`remaining` seconds; None:
+        none): it stops that request's encode, and leaves the connection to the next."""
+        if remaining is None:
+            yield
+            return
+        loop = asyncio.get_running_loop()
+        self._deadline_at = loop.time() + max(0.0, remaining)
+        timer = loop.call_at(self._deadline_at, self._stop_request)
+        try:
+            yield
+        finally:
+            timer.cancel()
+            self._deadline_at = None
+            self._request_over = False
+
+    def _stop_request(self) -> None:
+        self._request_over = True
+        if self._current is not None:
+            self._current.set()
 
     @classmethod
     def of(cls, context: grpc.aio.ServicerContext) -> CallEnd:
@@ -85,7 +119,7 @@ class CallEnd:
     def event(self) -> threading.Event:
         """The next encode's stop event; already set once the call has ended."""
         self._current = threading.Event()
-        if self.ended:
+        if self.ended or self._request_over:
             self._current.set()
         return self._current
 

@@ -18,7 +18,9 @@ Exactly one reply per request, in order. Encodes run the same code as Encode's
 checks, errors, logs and metrics are the same. A request over `MAX_MESSAGE_BYTES` is
 answered with INVALID_ARGUMENT and the connection ends (what follows cannot be trusted to
 be a message); bytes that are no request are answered with INVALID_ARGUMENT and the
-connection carries on. The client closing the connection stops its encode in progress.
+connection carries on. The client closing the connection stops its encode in progress;
+an encode's own deadline (`FramedRequest.deadline_unix_s`) stops it then, as an Encode
+call's does, and the connection serves the next request.
 
 Every connection has limits (the settings `framed_connections`,
 `framed_connections_per_uid` and `framed_message_timeout`):

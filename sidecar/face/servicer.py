@@ -25,7 +25,7 @@ from ..errors import Cancelled, InvalidRequest, SidecarError
 from ..pipeline.admission.requests import OneReply, Result
 from ..pool.lease_queue import MAX_REGIONS
 from ..service import Sidecar
-from .calls import CallEnd, KeptConnections, after_call, unless_cancelled
+from .calls import CallEnd, KeptConnections, after_call, framed_deadline, unless_cancelled
 from .convert import (
     attachment_to_proto,
     encode_spec_from_proto,
@@ -154,10 +154,13 @@ class VideoSidecarServicer(pb_grpc.VideoSidecarServicer):
         one_reply: OneReply,
         sent: Sent,
     ) -> pb.FramedReply:
-        if isinstance(request, Undecodable) or request.WhichOneof("request") == "encode":
-            # An encode, or bytes that are none: refused as an encode is.
-            encode = request if isinstance(request, Undecodable) else request.encode
-            return pb.FramedReply(result=await self._answer(encode, end, one_reply, sent))
+        if isinstance(request, Undecodable):  # bytes that are no request: refused as an encode is
+            return pb.FramedReply(result=await self._answer(request, end, one_reply, sent))
+        if request.WhichOneof("request") == "encode":
+            with end.request_deadline(framed_deadline(request)):
+                return pb.FramedReply(
+                    result=await self._answer(request.encode, end, one_reply, sent)
+                )
         kind = request.WhichOneof("request")
         if kind == "lease":
             return pb.FramedReply(lease=await self._lease(request.lease))

@@ -566,14 +566,16 @@ class FramedError(_message.Message):
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., reason: _Optional[_Union[ErrorReason, str]] = ..., field: _Optional[str] = ...) -> None: ...
 
 class FramedRequest(_message.Message):
-    __slots__ = ("encode", "lease", "release")
+    __slots__ = ("encode", "lease", "release", "deadline_unix_s")
     ENCODE_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     encode: EncodeRequest
     lease: LeaseRequest
     release: ReleaseRequest
-    def __init__(self, encode: _Optional[_Union[EncodeRequest, _Mapping]] = ..., lease: _Optional[_Union[LeaseRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ...) -> None: ...
+    deadline_unix_s: float
+    def __init__(self, encode: _Optional[_Union[EncodeRequest, _Mapping]] = ..., lease: _Optional[_Union[LeaseRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ..., deadline_unix_s: _Optional[float] = ...) -> None: ...
 
 class FramedReply(_message.Message):
     __slots__ = ("result", "error", "lease", "release")
