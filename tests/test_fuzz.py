@@ -346,6 +346,18 @@ def test_one_bad_field(stub, field, number, text) -> None:  # type: ignore[no-un
     call(s.Release, pb.ReleaseRequest(client_token=token, lease_id=lease.lease_id))
 
 
+def leased_clip(s, token: str) -> tuple[pb.LeaseResponse, pb.EncodeRequest]:  # type: ignore[no-untyped-def]
+    """A fresh lease, and a valid request to encode four 32x32 RGB frames in it."""
+    lease = s.Lease(pb.LeaseRequest(client_token=token, size=LEASE, wait_ms=5000))
+    video = pb.VideoDescriptor(
+        width=32, height=32, pixel_format=pb.PIXEL_FORMAT_RGB24, fps=pb.Rational(num=24, den=1),
+        ranges=[pb.FrameRange(lease_id=lease.lease_id, frame_count=4)],
+    )  # fmt: skip
+    output = pb.OutputSpec(bytes=pb.BytesOutput())
+    codec = pb.CodecOptions(codec="h264")
+    return lease, pb.EncodeRequest(client_token=token, video=video, codec=codec, output=output)
+
+
 DEADLINES = st.one_of(
     st.sampled_from(
         ["", "0", "1", "-5", "nan", "inf", "1e300", "1.5e9", " 1", "1.", ".5", "9" * 13,
@@ -366,13 +378,8 @@ def test_deadline_metadata(stub, value, stream) -> None:  # type: ignore[no-unty
     """Any value in the client-deadline metadata: one that is not a plain decimal Unix time
     is ignored, one already past stops the encode as its deadline; nothing else changes."""
     s, token = stub
-    lease = s.Lease(pb.LeaseRequest(client_token=token, size=LEASE, wait_ms=5000))
-    video = pb.VideoDescriptor(
-        width=32, height=32, pixel_format=pb.PIXEL_FORMAT_RGB24, fps=pb.Rational(num=24, den=1),
-        ranges=[pb.FrameRange(lease_id=lease.lease_id, frame_count=4)],
-    )  # fmt: skip
-    codec = pb.CodecOptions(codec="h264")
-    output = pb.OutputSpec(bytes=pb.BytesOutput())
+    lease, request = leased_clip(s, token)
+    video, codec, output = request.video, request.codec, request.output
     metadata = ((DEADLINE_KEY, value),)  # printable ASCII: gRPC sends no other text value
     try:
         if stream:
@@ -387,7 +394,6 @@ def test_deadline_metadata(stub, value, stream) -> None:  # type: ignore[no-unty
             ]
             replies = s.EncodeStream(iter(messages), timeout=30, metadata=metadata)
         else:
-            request = pb.EncodeRequest(client_token=token, video=video, codec=codec, output=output)
             replies = s.Encode(request, timeout=30, metadata=metadata)
         for _ in replies:
             pass
@@ -421,14 +427,7 @@ def test_framed_deadline(daemon: Daemon, stub, value: float) -> None:  # type: i
     is refused naming it, the lease kept; 0 is none; one past stops the encode as its
     deadline; the connection carries on."""
     s, token = stub
-    lease = s.Lease(pb.LeaseRequest(client_token=token, size=LEASE, wait_ms=5000))
-    video = pb.VideoDescriptor(
-        width=32, height=32, pixel_format=pb.PIXEL_FORMAT_RGB24, fps=pb.Rational(num=24, den=1),
-        ranges=[pb.FrameRange(lease_id=lease.lease_id, frame_count=4)],
-    )  # fmt: skip
-    request = pb.EncodeRequest(
-        client_token=token, video=video, output=pb.OutputSpec(bytes=pb.BytesOutput())
-    )
+    lease, request = leased_clip(s, token)
     release = pb.ReleaseRequest(client_token=token, lease_id=lease.lease_id)
     try:
         reply = framed(daemon).exchange(pb.FramedRequest(encode=request, deadline_unix_s=value))
