@@ -111,9 +111,12 @@ def _burst(
         with lock:
             stages[-1].append({k: v for k, v in timings.items() if isinstance(v, float)})
 
+    where = ""  # the client package the burst ran (`bench.client_ab` checks it)
     if role == "burst":
+        import client
         from client import SidecarClient
 
+        where = os.path.dirname(client.__file__)
         clients = [SidecarClient(socket) for _ in range(8)]
         send = [lambda c=c: encode(c) for c in clients]
     else:
@@ -152,6 +155,7 @@ def _burst(
         "steady_ms": statistics.median(steady),
         "warm_waves_ms": warm_ms,
         "stages_ms": medians,
+        "client": where,
     }
 
 

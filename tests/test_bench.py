@@ -167,6 +167,24 @@ def test_the_cold_suite_times_fresh_workers_against_upstream(tmp_path: Path) -> 
     assert results["upstream_burst_after_idle"]["steady_ms"] > 0
 
 
+def test_client_trees_side_by_side(tmp_path: Path) -> None:
+    """`bench.client_ab`: each tree's own client in the burst's worker, rounds alternating,
+    a row per tree and round; a folder without a client package is refused."""
+    from bench import client_ab
+
+    root = str(Path(__file__).resolve().parents[1])
+    out = tmp_path / "ab.json"
+    argv = ["--clients", root, root, "--rounds", "1", "--waves", "2", "--shape", "64x48x2",
+            "--json", str(out)]  # fmt: skip
+    assert client_ab.main(argv) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["tree"] for r in rows] == [f"0:{root}", f"1:{root}"]
+    for r in rows:
+        assert r["steady_ms"] > 0 and r["later_waves_ms"] > 0 and r["warm_waves_ms"] > 0
+    with pytest.raises(SystemExit, match="no client/ package"):
+        client_ab.main(["--clients", str(tmp_path)])
+
+
 def test_client_profile_prices_n_clients_of_one_process(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
