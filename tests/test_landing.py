@@ -306,10 +306,10 @@ def lands_later(monkeypatch: pytest.MonkeyPatch) -> Any:
     def late(self: Any, video: Any, fmt: Any, *args: Any, **kwargs: Any) -> LandsLater:
         return LandsLater(prepare(self, video, fmt, *args, **kwargs), events, failing["at"])
 
-    def framed(request: Any) -> bytes:
+    def framed(request: Any, timeout: float | None) -> bytes:
         if isinstance(request, pb.EncodeRequest):
             events.append("sent")
-        return frame(request)
+        return frame(request, timeout)
 
     monkeypatch.setattr(_core.ClientCore, "prepare", late)
     monkeypatch.setattr(_framed, "_frame", framed)
