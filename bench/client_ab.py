@@ -20,7 +20,6 @@ requests and in the second wave (ms).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import shutil
@@ -31,7 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .common import git_commit, machine
+from .common import run_meta
 from .daemons import daemon
 
 HERE = Path(__file__).resolve().parent.parent
@@ -119,13 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(rows[-1]), flush=True)
     print(table(rows))
     if args.json:
-        meta = {
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": "python -m bench.client_ab " + " ".join(argv or sys.argv[1:]),
-            "device": args.device,
-            "machine": machine(),
-            "commit": git_commit(),
-        }
+        meta = run_meta("bench.client_ab", argv or sys.argv[1:], args.device)
         with open(args.json, "w") as fh:
             json.dump({"meta": meta, "rows": rows}, fh, indent=2)
     return 0

@@ -29,10 +29,8 @@ Every figure is a wall time in ms, the encode at the daemon's profile (`--profil
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -40,7 +38,7 @@ import threading
 import time
 from typing import Any
 
-from .common import PROFILE_ENV, encode_settings, git_commit, machine, parse_shape
+from .common import PROFILE_ENV, parse_shape, run_meta
 
 SHAPE = "448x256x4"
 STEADY = 20
@@ -281,14 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     results = run(args)
     print(summary(results))
     if args.json:
-        meta = {
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": "python -m bench.cold " + shlex.join(argv or sys.argv[1:]),
-            "device": args.device,
-            "machine": machine(),
-            "commit": git_commit(),
-            "encoding": encode_settings(),
-        }
+        meta = run_meta("bench.cold", argv or sys.argv[1:], args.device)
         with open(args.json, "w") as fh:
             json.dump({"meta": meta, "results": results}, fh, indent=2)
     return 0

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import math
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -171,6 +173,19 @@ def git_commit() -> str:
         return out.stdout.strip()
     except OSError:
         return ""
+
+
+def run_meta(module: str, argv: Sequence[str], device: str) -> dict[str, Any]:
+    """What a recorded run names besides its figures: when, the command, the machine, the
+    commit and the encoder settings."""
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": f"python -m {module} " + shlex.join(argv),
+        "device": device,
+        "machine": machine(),
+        "commit": git_commit(),
+        "encoding": encode_settings(),
+    }
 
 
 def write_json(path: str | Path, meta: dict[str, Any], rows: list[Row]) -> None:

@@ -418,14 +418,15 @@ def test_deadline_metadata(stub, value, stream) -> None:  # type: ignore[no-unty
 @given(
     value=st.one_of(
         st.floats(),  # NaN, infinities, subnormals, huge and below zero too
+        st.binary(min_size=8, max_size=8).map(lambda raw: struct.unpack("<d", raw)[0]),
         st.sampled_from([0.0, 1.0, 1.5e9, 4102444800.0, 2.0**63]),
         st.floats(-5, 60).map(lambda ahead: time.time() + ahead),
     )
 )
 def test_framed_deadline(daemon: Daemon, stub, value: float) -> None:  # type: ignore[no-untyped-def]
-    """Any `deadline_unix_s` on a framed encode: one that is no finite time from the epoch
-    is refused naming it, the lease kept; 0 is none; one past stops the encode as its
-    deadline; the connection carries on."""
+    """Any `deadline_unix_s` on a framed encode (any 8 bytes on the wire included): one
+    that is no finite time from the epoch is refused naming it, the lease kept; 0 is
+    none; one past stops the encode as its deadline; the connection carries on."""
     s, token = stub
     lease, request = leased_clip(s, token)
     release = pb.ReleaseRequest(client_token=token, lease_id=lease.lease_id)
