@@ -1,7 +1,7 @@
 """Where the client's own time goes: small clips back to back, under cProfile.
 
     python -m bench.client_profile [--device cpu|cuda] [--shape 448x256x4] [--calls 300]
-    python -m bench.client_profile --device cuda --calls 0 --clients 8
+    python -m bench.client_profile --device cuda --calls 0 --clients 8 [--processes]
 
 Starts a daemon with default settings, sends `--calls` back-to-back `encode()` calls of
 one clip per pixel format, and prints the median time outside the daemon (total minus the
@@ -14,13 +14,19 @@ each) in waves of N requests at once, then back to back. Per request: the wall t
 copy (`copy_ms`), and the process's CPU time (user and system, all its threads) over the
 requests it sent. Threads of one process share its GIL, so what each request spends in
 Python and in the calls that let go of the GIL and take it back is paid N times over in a
-wave.
+wave. Each line also gives the daemon's own time (`daemon_ms`), so that what a wave costs
+in the worker process is told from what it costs in the daemon.
+
+`--processes` then sends the same as N processes of one client each (spawned; each makes
+its own frames), back to back and in waves: the same load on the daemon without a GIL
+shared between the clients. The process's CPU is not measured there.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import multiprocessing
 import pstats
 import resource
 import statistics
@@ -80,20 +86,13 @@ def clients_cpu(socket: str, video: Any, clients: int, rounds: int = 20) -> None
 
 
 def _report(label: str, clients: list[SidecarClient], video: Any, rounds: int, wave: Any) -> None:
-    walls: list[float] = []
-    copies: list[float] = []
+    rows: list[tuple[float, float, float]] = []
     lock = threading.Lock()
 
     def send(client: SidecarClient) -> None:
-        for _ in range(rounds):
-            if wave is not None:
-                wave.wait()
-            t0 = time.perf_counter()
-            result = client.encode(video)
-            wall = (time.perf_counter() - t0) * 1e3
-            with lock:
-                walls.append(wall)
-                copies.append(result.timings.copy_ms)
+        mine = _send(client, video, rounds, wave)
+        with lock:
+            rows.extend(mine)
 
     threads = [threading.Thread(target=send, args=(c,)) for c in clients]
     cpu0 = _process_cpu_ms()
@@ -101,12 +100,66 @@ def _report(label: str, clients: list[SidecarClient], video: Any, rounds: int, w
         t.start()
     for t in threads:
         t.join()
-    cpu = (_process_cpu_ms() - cpu0) / len(walls)
-    print(
-        f"{label}: wall {statistics.median(walls):.2f} ms, copy "
-        f"{statistics.median(copies):.2f} ms, the process's CPU {cpu:.2f} ms a request "
-        f"(medians of {len(walls)})"
-    )
+    cpu = (_process_cpu_ms() - cpu0) / len(rows)
+    print(f"{label}: {_medians(rows)}, the process's CPU {cpu:.2f} ms a request "
+          f"(medians of {len(rows)})")  # fmt: skip
+
+
+def _send(client: Any, video: Any, rounds: int, wave: Any) -> list[tuple[float, float, float]]:
+    """(wall, copy, daemon) ms of `rounds` requests, each after `wave` (a barrier) if any."""
+    rows = []
+    for _ in range(rounds):
+        if wave is not None:
+            wave.wait()
+        t0 = time.perf_counter()
+        result = client.encode(video)
+        wall = (time.perf_counter() - t0) * 1e3
+        rows.append((wall, result.timings.copy_ms, result.timings.daemon_ms))
+    return rows
+
+
+def _medians(rows: list[tuple[float, float, float]]) -> str:
+    wall, copy, in_daemon = (statistics.median(column) for column in zip(*rows, strict=True))
+    return f"wall {wall:.2f} ms, copy {copy:.2f} ms, daemon {in_daemon:.2f} ms"
+
+
+def clients_as_processes(socket: str, device: str, shape: str, clients: int, rounds: int) -> None:
+    """`clients` processes of one client each, back to back, then in waves."""
+    ctx = multiprocessing.get_context("spawn")  # CUDA does not survive a fork
+    for label, waves in (("back to back", False), ("waves", True)):
+        # The barrier goes to each process as it starts (it cannot travel later); the
+        # first wait is every process ready, so none times its own start-up.
+        barrier, results = ctx.Barrier(clients), ctx.Queue()
+        args = (socket, device, shape, rounds, barrier, waves, results)
+        procs = [ctx.Process(target=_one_process, args=args) for _ in range(clients)]
+        for proc in procs:
+            proc.start()
+        rows = [row for _ in procs for row in results.get(timeout=300)]
+        for proc in procs:
+            proc.join()
+        print(f"{clients} processes, {label}: {_medians(rows)} (medians of {len(rows)})")
+
+
+def _one_process(
+    socket: str, device: str, shape: str, rounds: int, barrier: Any, waves: bool, results: Any
+) -> None:
+    video = _video(device, shape)
+    with SidecarClient(socket) as client:
+        client.warm_up()
+        for _ in range(10):
+            client.encode(video)
+        barrier.wait()
+        results.put(_send(client, video, rounds, barrier if waves else None))
+
+
+def _video(device: str, shape: str) -> Any:
+    width, height, frames = parse_shape(shape)
+    video: Any = moving_pattern(frames, height, width)
+    if device == "cuda":
+        import torch
+
+        video = torch.from_numpy(video).cuda()
+    return video
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -116,15 +169,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--clients", type=int, default=0, help="then N clients' CPU cost")
     parser.add_argument("--rounds", type=int, default=20, help="--clients: requests each")
+    parser.add_argument("--processes", action="store_true", help="--clients: as processes too")
     args = parser.parse_args(argv)
-    width, height, frames = parse_shape(args.shape)
-    video: Any = moving_pattern(frames, height, width)
+    video = _video(args.device, args.shape)
     sync: Any = lambda: None  # noqa: E731
     formats: list[str | None] = [None]
     if args.device == "cuda":
         import torch
 
-        video = torch.from_numpy(video).cuda()
         sync = torch.cuda.synchronize
         formats.append("rgb24")  # the default for a CUDA tensor is yuv420p
     with daemon() as d, SidecarClient(d.socket) as client:
@@ -132,6 +184,8 @@ def main(argv: list[str] | None = None) -> None:
             profile(client, video, fmt, args.calls, sync)
         if args.clients:
             clients_cpu(d.socket, video, args.clients, args.rounds)
+        if args.clients and args.processes:
+            clients_as_processes(d.socket, args.device, args.shape, args.clients, args.rounds)
 
 
 if __name__ == "__main__":

@@ -188,20 +188,28 @@ def test_client_trees_side_by_side(tmp_path: Path) -> None:
 def test_client_profile_prices_n_clients_of_one_process(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """`bench.client_profile --clients N`: one client, then N of one process back to back
-    and in waves, each line with its wall time, copy and the process's CPU a request."""
+    """`bench.client_profile --clients N [--processes]`: one client, then N of one process
+    back to back and in waves, each line with its wall time, copy, the daemon's time and
+    the process's CPU a request; then N processes of one client each, the same two ways."""
     from bench import client_profile
 
-    client_profile.main(["--calls", "0", "--clients", "2", "--rounds", "3", "--shape", "64x48x2"])
+    argv = ["--calls", "0", "--clients", "2", "--rounds", "3", "--shape", "64x48x2", "--processes"]
+    client_profile.main(argv)
     lines = capsys.readouterr().out.splitlines()
     labels = [line.split(":")[0] for line in lines]
     assert labels == [
         "1 client, back to back",
         *["2 clients, back to back"] * 2,
         "2 clients, waves",
+        "2 processes, back to back",
+        "2 processes, waves",
     ]
-    for line, requests in zip(lines, (6, 6, 6, 6), strict=True):
-        assert f"(medians of {requests})" in line
+    for line in lines:
+        assert "(medians of 6)" in line
+        wall = float(line.split("wall ")[1].split(" ms")[0])
+        in_daemon = float(line.split("daemon ")[1].split(" ms")[0])
+        assert 0 < in_daemon < wall
+    for line in lines[:4]:
         cpu = float(line.split("CPU ")[1].split(" ms")[0])
         assert cpu > 0
 
