@@ -28,6 +28,7 @@ import argparse
 import cProfile
 import multiprocessing
 import pstats
+import queue
 import resource
 import statistics
 import threading
@@ -134,10 +135,24 @@ def clients_as_processes(socket: str, device: str, shape: str, clients: int, rou
         procs = [ctx.Process(target=_one_process, args=args) for _ in range(clients)]
         for proc in procs:
             proc.start()
-        rows = [row for _ in procs for row in results.get(timeout=300)]
+        rows = [row for _ in procs for row in _next_result(results, procs)]
         for proc in procs:
             proc.join()
         print(f"{clients} processes, {label}: {_medians(rows)} (medians of {len(rows)})")
+
+
+def _next_result(results: Any, procs: list[Any]) -> list[tuple[float, float, float]]:
+    """The next process's rows; an error, not a wait without end, if one of them died."""
+    while True:
+        try:
+            rows: list[tuple[float, float, float]] = results.get(timeout=1.0)
+            return rows
+        except queue.Empty:
+            failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if failed:
+                for proc in procs:
+                    proc.terminate()
+                raise RuntimeError(f"a client process failed (exit codes {failed})") from None
 
 
 def _one_process(
