@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .common import run_meta
+from .common import write_run
 from .daemons import daemon
 
 HERE = Path(__file__).resolve().parent.parent
@@ -118,9 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(rows[-1]), flush=True)
     print(table(rows))
     if args.json:
-        meta = run_meta("bench.client_ab", argv or sys.argv[1:], args.device)
-        with open(args.json, "w") as fh:
-            json.dump({"meta": meta, "rows": rows}, fh, indent=2)
+        write_run(args.json, "bench.client_ab", argv or sys.argv[1:], args.device, {"rows": rows})
     return 0
 
 

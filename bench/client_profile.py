@@ -38,7 +38,7 @@ from typing import Any
 from client import SidecarClient
 from client.patterns import moving_pattern
 
-from .common import parse_shape
+from .common import parse_shape, stop_processes
 from .daemons import daemon
 
 
@@ -150,8 +150,7 @@ def _next_result(results: Any, procs: list[Any]) -> list[tuple[float, float, flo
         except queue.Empty:
             failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
             if failed:
-                for proc in procs:
-                    proc.terminate()
+                stop_processes(procs, 0, 5)
                 raise RuntimeError(f"a client process failed (exit codes {failed})") from None
 
 

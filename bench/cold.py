@@ -38,7 +38,7 @@ import threading
 import time
 from typing import Any
 
-from .common import PROFILE_ENV, parse_shape, run_meta
+from .common import PROFILE_ENV, parse_shape, write_run
 
 SHAPE = "448x256x4"
 STEADY = 20
@@ -279,9 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     results = run(args)
     print(summary(results))
     if args.json:
-        meta = run_meta("bench.cold", argv or sys.argv[1:], args.device)
-        with open(args.json, "w") as fh:
-            json.dump({"meta": meta, "results": results}, fh, indent=2)
+        write_run(args.json, "bench.cold", argv or sys.argv[1:], args.device, {"results": results})
     return 0
 
 

@@ -188,6 +188,14 @@ def run_meta(module: str, argv: Sequence[str], device: str) -> dict[str, Any]:
     }
 
 
+def write_run(
+    path: str | Path, module: str, argv: Sequence[str], device: str, payload: dict[str, Any]
+) -> None:
+    """A recorded run of `module` that keeps its own keys (`payload`) beside `run_meta`."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps({"meta": run_meta(module, argv, device), **payload}, indent=2))
+
+
 def write_json(path: str | Path, meta: dict[str, Any], rows: list[Row]) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     payload = {"meta": meta, "rows": [asdict(r) for r in rows]}
