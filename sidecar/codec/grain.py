@@ -14,7 +14,7 @@ planar YUV and grey) on a subset of rows, some 16,000 pixels whatever the frame'
 about 60 us on the 2-core machine, read as strided views and worked on in place (110 us
 with the rows gathered first; 0.9 ms when 48 whole rows were read at 1344x768 and
 1920x1080), in line before every encode in the daemon's main process, where on a GPU host
-serving eight clients it was 18% of the time that process held its GIL (the bench's
+serving eight clients it was in 18% of py-spy's samples of that process's GIL (the bench's
 photographs, smooth frames and grain measure the same either way, from 448x256 to
 1920x1080).
 """
@@ -72,14 +72,8 @@ def noise_sigma(plane: np.ndarray) -> float:
     response = vertical[:, :-2] + vertical[:, 2:]
     response -= vertical[:, 1:-1]
     response -= vertical[:, 1:-1]
-    magnitude = np.abs(response, out=response).ravel()
-    half = magnitude.size // 2
-    if magnitude.size % 2:
-        median = float(np.partition(magnitude, half)[half])
-    else:
-        low, high = np.partition(magnitude, (half - 1, half))[half - 1 : half + 1]
-        median = (float(low) + float(high)) / 2
-    return median * _MEDIAN_TO_SIGMA
+    magnitude = np.abs(response, out=response)
+    return float(np.median(magnitude)) * _MEDIAN_TO_SIGMA
 
 
 def is_grainy(frame: np.ndarray, pixel_format: PixelFormat, height: int) -> bool:
