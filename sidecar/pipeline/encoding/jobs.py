@@ -154,7 +154,7 @@ class EncodeJob:
         self.feed.release_all()
 
     def settle(self, threads: int, thread_type: str, *, fixed: bool, cores: int) -> None:
-        """Its threads, as it starts to run (see `routes.run_job`). `threads` is what a share of
+        """Its threads, as it starts to run (see `Scheduler._settle`). `threads` is what a share of
         the cores calls for, or (`fixed`) a count the request or the configuration asked
         for, which a ready encoder must match. `cores` is that share (0: `threads`):
         parallel segments divide it among themselves."""

@@ -3,9 +3,10 @@ leases, a process reads them there, and its answer comes back as bytes or a memf
 
 from __future__ import annotations
 
+import functools
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
 from ...codec.frames import PlacedRange
@@ -15,11 +16,15 @@ from ..admission.plans import EncodeOutcome
 from ..admission.requests import PreviewImage
 from ..output.sinks import Made
 from ..processes.handle import ProcessGone
-from ..processes.main import Answer, Assignment
+from ..processes.main import Answer, Assignment, Prepare
 from ..processes.pool import EncoderProcesses
 
 if TYPE_CHECKING:
     from .jobs import EncodeJob
+
+
+# Runs a call on an encode thread, awaited on the event loop.
+InThread = Callable[[Callable[[], EncodeOutcome]], Awaitable[EncodeOutcome]]
 
 
 class Fallback(Protocol):
@@ -54,6 +59,66 @@ class InEncoderProcess:
             answer, died = Answer(error="EncodeFailed", message=str(exc)), True
         if answer is None:
             return None  # the feed is untouched: encode here
+        return self._outcome(job, queue_s, answer, died, progress)
+
+    @staticmethod
+    def from_loop(job: EncodeJob) -> bool:
+        """Whether `job` may be sent to its process from the event loop (`encode_from_loop`):
+        a job with previews makes them from the leases while the process encodes, and one
+        whose frames still land waits for the first; both want a thread."""
+        return job.previews is None and job.plan.landed_at is None
+
+    async def encode_from_loop(
+        self, job: EncodeJob, queue_s: float, in_thread: InThread
+    ) -> EncodeOutcome:
+        """`encode`, with the event loop sending the assignment and awaiting its answer.
+        For a short clip, the hand-offs to an encode thread and back were most of what the
+        daemon added to the process's encode: on two cores 0.5 ms each way, and on a GPU
+        host eight such threads took turns at one GIL with the loop. The measure of the
+        first frame (grain) and the choice of a process run on the loop, some 0.1 ms; an
+        output in a memfd is written out, and an encode that finds no process free runs,
+        on an encode thread (`in_thread`)."""
+        job.settle_codec()  # a whole video, landed: raises nothing, waits for nothing
+        pieces = job.feed.in_leases()
+        if not pieces:
+            return await in_thread(functools.partial(self._here.encode, job, queue_s))
+        died = False
+        progress = ProgressReporter(job.emit, job.plan.frames_total)
+        assignment, prepare = self._assignment(job, pieces)
+        answer = None
+        try:
+            for attempt in range(2):
+                proc = self._processes.take(job.key, prepare)
+                if proc is None:
+                    break
+                try:
+                    answer = await proc.encode_from_loop(
+                        assignment, progress.reach, lambda: job.stopped
+                    )
+                    break
+                except ProcessGone:
+                    if attempt or job.stopped:  # a cancelled request is not tried again
+                        raise
+                finally:
+                    self._processes.give(proc, answer.warm if answer is not None else None)
+        except Exception as exc:  # e.g. two processes died on these frames: freed, not given back
+            answer, died = Answer(error="EncodeFailed", message=str(exc)), True
+        if answer is None:  # none free: the feed is untouched, encode here
+            return await in_thread(functools.partial(self._here.encode, job, queue_s))
+        outcome = functools.partial(self._outcome, job, queue_s, answer, died, progress)
+        if answer.memfd is not None:  # a large output, written out off the loop
+            return await in_thread(outcome)
+        return outcome()
+
+    def _outcome(
+        self,
+        job: EncodeJob,
+        queue_s: float,
+        answer: Answer,
+        died: bool,
+        progress: ProgressReporter,
+    ) -> EncodeOutcome:
+        """The encode's outcome from the process's answer, its output in its sink."""
         t0 = time.perf_counter()
         made, images = self._finish(job, answer, died)
         progress.reach(answer.frames)
@@ -104,23 +169,9 @@ class InEncoderProcess:
         """An encoder process's answer; None if none is free (encode here). A process
         that dies leaves the frames in the leases: a second one gets them, and if that
         one dies too, the request fails rather than risk the daemon on them."""
-        plan, key = job.plan, job.key
-        assignment = Assignment.of(
-            key,
-            plan.geometry,
-            plan.codec,
-            job.threads,
-            job.thread_type,
-            pieces,
-            landed_at=plan.landed_at,
-        )
-        # The next request with these settings comes before the used process has opened
-        # its next encoder: a short clip's encode takes about as long as an open, and a
-        # long clip's next request follows its reply within a few milliseconds (it waited
-        # 0.2-2.8 ms at 1344x768x122). So another process opens one now, while this encodes.
-        prepare = assignment.preparation()
+        assignment, prepare = self._assignment(job, pieces)
         for attempt in range(2):
-            proc = self._processes.take(key, prepare)
+            proc = self._processes.take(assignment.key, prepare)
             if proc is None:
                 return None
             if not attempt:  # the previews read the leases while the process does
@@ -136,3 +187,23 @@ class InEncoderProcess:
             finally:
                 self._processes.give(proc, answer.warm if answer is not None else None)
         return None
+
+    @staticmethod
+    def _assignment(job: EncodeJob, pieces: list[PlacedRange]) -> tuple[Assignment, Prepare]:
+        """What the process is sent, and what another is sent to open an encoder for the
+        next such request. The next request with these settings comes before the used
+        process has opened its next encoder: a short clip's encode takes about as long as
+        an open, and a long clip's next request follows its reply within a few
+        milliseconds (it waited 0.2-2.8 ms at 1344x768x122). So another process opens
+        one now, while this encodes."""
+        plan = job.plan
+        assignment = Assignment.of(
+            job.key,
+            plan.geometry,
+            plan.codec,
+            job.threads,
+            job.thread_type,
+            pieces,
+            landed_at=plan.landed_at,
+        )
+        return assignment, assignment.preparation()

@@ -1,5 +1,5 @@
-"""The routes a job encodes by, behind one interface, the one place one is chosen, and
-`run_job`, which runs a job by it.
+"""The routes a job encodes by, behind one interface, and the one place one is chosen
+(the scheduler runs a job by it).
 
 In an encoder process (an MP4 without audio, all of it in leases: see processes), which
 falls back to the daemon when none is free; in the daemon, with a ready encoder from the
@@ -33,20 +33,6 @@ class EncodeRoute(Protocol):
     def encode(self, job: EncodeJob, queue_s: float) -> EncodeOutcome:
         """Run `job` to its outcome, or raise the error its client is told (bare)."""
         ...
-
-
-def run_job(
-    job: EncodeJob,
-    threads: int,
-    thread_type: str,
-    queue_s: float = 0.0,
-    *,
-    fixed: bool = False,
-    cores: int = 0,
-) -> EncodeOutcome:
-    """Encode `job` to the end, on this thread, with these threads (`EncodeJob.settle`)."""
-    job.settle(threads, thread_type, fixed=fixed, cores=cores)
-    return choose_route(job).encode(job, queue_s)
 
 
 def choose_route(job: EncodeJob) -> EncodeRoute:

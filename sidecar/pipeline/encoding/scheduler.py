@@ -21,6 +21,7 @@ import contextlib
 import functools
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from ...codec.threads import converts, threading_for
@@ -28,7 +29,8 @@ from ...config_values import cpu_count
 from ...errors import PoolExhausted, SidecarError
 from ..admission.plans import EncodeOutcome
 from .jobs import EncodeJob
-from .routes import run_job
+from .process_route import InEncoderProcess
+from .routes import choose_route
 
 # Streams at once: each has an encoder thread of its own (waiting between chunks).
 MAX_STREAMS = 64
@@ -113,7 +115,7 @@ class Scheduler:
                     raise job.cancelled()
                 self.active += 1
                 try:
-                    return await self._run_in_thread(job, queue_s)
+                    return await self._encode(job, queue_s)
                 finally:
                     self.active -= 1
         finally:
@@ -134,24 +136,47 @@ class Scheduler:
             self._jobs.discard(job)
             job.abandon()
 
+    async def _encode(self, job: EncodeJob, queue_s: float) -> EncodeOutcome:
+        """A whole video, on its route (see routes). One for an encoder process is sent
+        and awaited from the event loop where it can be (`InEncoderProcess.from_loop`);
+        every other runs on an encode thread."""
+        self._settle(job)
+        route = choose_route(job)
+        work: asyncio.Future[EncodeOutcome]
+        if isinstance(route, InEncoderProcess) and route.from_loop(job):
+            work = asyncio.ensure_future(route.encode_from_loop(job, queue_s, self._in_thread))
+        else:
+            run = functools.partial(route.encode, job, queue_s)
+            work = asyncio.get_running_loop().run_in_executor(self._executor, run)
+        return await self._awaited(job, work)
+
     async def _run_in_thread(
         self, job: EncodeJob, queue_s: float, executor: ThreadPoolExecutor | None = None
     ) -> EncodeOutcome:
+        self._settle(job)
+        run = functools.partial(choose_route(job).encode, job, queue_s)
+        work = asyncio.get_running_loop().run_in_executor(executor or self._executor, run)
+        return await self._awaited(job, work)
+
+    def _settle(self, job: EncodeJob) -> None:
+        """The job's threads, as it starts (`EncodeJob.settle`)."""
         threads, thread_type, cores = self.threading(job)
         fixed = bool(job.plan.threads or self.encoder_threads)
-        run = functools.partial(
-            run_job, job, threads, thread_type, queue_s, fixed=fixed, cores=cores
-        )
-        future = asyncio.get_running_loop().run_in_executor(executor or self._executor, run)
+        job.settle(threads, thread_type, fixed=fixed, cores=cores)
+
+    def _in_thread(self, call: Callable[[], EncodeOutcome]) -> asyncio.Future[EncodeOutcome]:
+        return asyncio.get_running_loop().run_in_executor(self._executor, call)
+
+    async def _awaited(self, job: EncodeJob, work: asyncio.Future[EncodeOutcome]) -> EncodeOutcome:
         try:
-            return await asyncio.shield(future)
+            return await asyncio.shield(work)
         except asyncio.CancelledError:
-            # Never free leases under a running thread: stop it and wait (unless the
+            # Never free leases under a running encode: stop it and wait (unless the
             # daemon is leaving without it: then nothing is freed or unmapped anyway).
             job.stop()
             if not self._abandoned:
                 with contextlib.suppress(BaseException):
-                    await future
+                    await work
             raise
 
     def threading(self, job: EncodeJob) -> tuple[int, str, int]:
