@@ -211,6 +211,80 @@ def test_keys_travel_to_the_process() -> None:
     assert pickle.loads(pickle.dumps(job)) == job
 
 
+def test_keys_are_one_object_per_settings_and_hash_anew_in_each_process() -> None:
+    """The pool compares keys by identity: `of` gives the one object for its settings, a
+    key sent back by a process is made that object again (`interned`), and a pickled key
+    carries no hash: a str's hash differs from process to process."""
+    import pickle
+    import sys
+    from fractions import Fraction
+
+    from sidecar.codec.catalogue import CodecSpec
+    from sidecar.codec.frames import PIXEL_FORMATS, Geometry
+    from sidecar.pipeline.encoding.warm import interned
+
+    geometry = Geometry(96, 64, PIXEL_FORMATS["rgb24"], Fraction(24))
+    codec = CodecSpec(codec="h264", crf=20).resolve()
+    key = EncoderKey.of(geometry, codec, "SLICE", 0)
+    assert EncoderKey.of(geometry, codec, "SLICE", 0) is key
+    assert EncoderKey.of(geometry, codec, "FRAME", 0) != key
+    hash(key)
+    back = pickle.loads(pickle.dumps(key))
+    assert back == key and back is not key and interned(back) is key
+    there = """
+import pickle, sys
+from fractions import Fraction
+from sidecar.codec.catalogue import CodecSpec
+from sidecar.codec.frames import PIXEL_FORMATS, Geometry
+from sidecar.pipeline.encoding.warm import EncoderKey
+sent = pickle.loads(sys.stdin.buffer.read())
+geometry = Geometry(96, 64, PIXEL_FORMATS["rgb24"], Fraction(24))
+made = EncoderKey.of(geometry, CodecSpec(codec="h264", crf=20).resolve(), "SLICE", 0)
+print(hash(sent) == hash(made), sent == made, {made: 1}.get(sent))
+"""
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    out = subprocess.run(
+        [sys.executable, "-c", there],
+        input=pickle.dumps(key),
+        capture_output=True,
+        env=env,
+        check=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert out.stdout.split() == [b"True", b"True", b"1"], out
+
+
+def test_a_process_watched_from_the_event_loop_keeps_its_pipe_blocking() -> None:
+    """uvloop (libuv) makes a descriptor it watches non-blocking; the pipe's reads and
+    writes (multiprocessing's) need it blocking, or a large answer's read fails part way
+    and the process is taken for dead."""
+    import asyncio
+
+    import uvloop
+
+    from sidecar.pipeline.processes.handle import EncoderProcess
+
+    proc = EncoderProcess([])  # no slabs: it starts, and says so
+    try:
+        fd = proc.conn.fileno()
+
+        async def watch() -> bool:
+            return await proc._readable_from_loop(30.0)
+
+        assert uvloop.run(watch())  # its Ready
+        assert os.get_blocking(fd)
+        proc.poll()
+        assert proc.started and not proc.broken
+
+        async def nothing_more() -> bool:  # nothing said: the wait ends at its timeout
+            return await proc._readable_from_loop(0.05)
+
+        assert not asyncio.run(nothing_more()) and not uvloop.run(nothing_more())
+        assert os.get_blocking(fd)
+    finally:
+        proc.stop()
+
+
 def test_a_process_that_dies_mid_encode_hands_the_frames_on(make_daemon) -> None:  # type: ignore[no-untyped-def]
     """Processes killed while requests run: each request is answered, by another
     process or in the daemon, and no lease is lost."""

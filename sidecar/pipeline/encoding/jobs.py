@@ -1,4 +1,5 @@
-"""One encode, run to completion on an encoder thread.
+"""One encode, run to completion on an encoder thread (or, sent to an encoder process,
+from the event loop: see process_route).
 
 The job takes pieces from its feed in order (ranges in leases, or inline frames), hands
 borrowed views to the encoder, and frees each lease the moment its last frame is inside

@@ -7,7 +7,7 @@ import functools
 import os
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from ...codec.frames import PlacedRange
 from ...errors import EncodeFailed, InvalidRequest
@@ -23,8 +23,13 @@ if TYPE_CHECKING:
     from .jobs import EncodeJob
 
 
-# Runs a call on an encode thread, awaited on the event loop.
-InThread = Callable[[Callable[[], EncodeOutcome]], Awaitable[EncodeOutcome]]
+T = TypeVar("T")
+
+
+class InThread(Protocol):
+    """Runs a call on an encode thread, awaited on the event loop."""
+
+    def __call__(self, call: Callable[[], T]) -> Awaitable[T]: ...
 
 
 class Fallback(Protocol):
@@ -32,83 +37,43 @@ class Fallback(Protocol):
 
 
 class InEncoderProcess:
-    """An encode in an encoder process; in the daemon (`here`) when none is free."""
+    """An encode in an encoder process, sent and awaited from the event loop; in the
+    daemon (`here`, on an encode thread) when none is free.
+
+    The loop only hands over and takes back: the frames' first measure (grain) and the
+    choice of a process, some 0.1 ms; what may wait or work longer runs on an encode
+    thread (`in_thread`): the first frame's landing, a large output written out of its
+    memfd, the previews' images, an encode in the daemon. A thread waiting on the
+    process in between cost a hand-off each way, and on a GPU host serving eight
+    clients, eight such threads took turns at the GIL with the loop."""
 
     def __init__(self, processes: EncoderProcesses, here: Fallback) -> None:
         self._processes = processes
         self._here = here
 
-    def encode(self, job: EncodeJob, queue_s: float) -> EncodeOutcome:
-        job.settle_codec()  # a whole video: raises nothing
-        outcome = self._elsewhere(job, queue_s)
-        if outcome is not None:
-            return outcome
-        job.restart_previews()  # begun for a process that then was not there
-        return self._here.encode(job, queue_s)
-
-    def _elsewhere(self, job: EncodeJob, queue_s: float) -> EncodeOutcome | None:
-        """The outcome of an encode in an encoder process; None if none is free."""
+    async def encode(self, job: EncodeJob, queue_s: float, in_thread: InThread) -> EncodeOutcome:
+        if job.plan.landed_at is None:
+            job.settle_codec()  # a whole video, landed: raises nothing, waits for nothing
+        else:
+            await in_thread(job.settle_codec)  # waits for the first frame
         pieces = job.feed.in_leases()
-        if not pieces:
-            return None
-        died = False
+        answer, died = None, False
         progress = ProgressReporter(job.emit, job.plan.frames_total)
-        try:
-            answer = self._ask(job, pieces, progress.reach)
-        except Exception as exc:  # e.g. two processes died on these frames: freed, not given back
-            answer, died = Answer(error="EncodeFailed", message=str(exc)), True
-        if answer is None:
-            return None  # the feed is untouched: encode here
-        return self._outcome(job, queue_s, answer, died, progress)
-
-    @staticmethod
-    def from_loop(job: EncodeJob) -> bool:
-        """Whether `job` may be sent to its process from the event loop (`encode_from_loop`):
-        a job with previews makes them from the leases while the process encodes, and one
-        whose frames still land waits for the first; both want a thread."""
-        return job.previews is None and job.plan.landed_at is None
-
-    async def encode_from_loop(
-        self, job: EncodeJob, queue_s: float, in_thread: InThread
-    ) -> EncodeOutcome:
-        """`encode`, with the event loop sending the assignment and awaiting its answer.
-        For a short clip, the hand-offs to an encode thread and back were most of what the
-        daemon added to the process's encode: on two cores 0.5 ms each way, and on a GPU
-        host eight such threads took turns at one GIL with the loop. The measure of the
-        first frame (grain) and the choice of a process run on the loop, some 0.1 ms; an
-        output in a memfd is written out, and an encode that finds no process free runs,
-        on an encode thread (`in_thread`)."""
-        job.settle_codec()  # a whole video, landed: raises nothing, waits for nothing
-        pieces = job.feed.in_leases()
-        if not pieces:
-            return await in_thread(functools.partial(self._here.encode, job, queue_s))
-        died = False
-        progress = ProgressReporter(job.emit, job.plan.frames_total)
-        assignment, prepare = self._assignment(job, pieces)
-        answer = None
-        try:
-            for attempt in range(2):
-                proc = self._processes.take(job.key, prepare)
-                if proc is None:
-                    break
-                try:
-                    answer = await proc.encode_from_loop(
-                        assignment, progress.reach, lambda: job.stopped
-                    )
-                    break
-                except ProcessGone:
-                    if attempt or job.stopped:  # a cancelled request is not tried again
-                        raise
-                finally:
-                    self._processes.give(proc, answer.warm if answer is not None else None)
-        except Exception as exc:  # e.g. two processes died on these frames: freed, not given back
-            answer, died = Answer(error="EncodeFailed", message=str(exc)), True
+        if pieces:
+            try:
+                answer = await self._ask(job, pieces, progress.reach)
+            except Exception as exc:  # e.g. two processes died on these frames: freed
+                answer, died = Answer(error="EncodeFailed", message=str(exc)), True
         if answer is None:  # none free: the feed is untouched, encode here
-            return await in_thread(functools.partial(self._here.encode, job, queue_s))
+            return await in_thread(functools.partial(self._encode_here, job, queue_s))
         outcome = functools.partial(self._outcome, job, queue_s, answer, died, progress)
-        if answer.memfd is not None:  # a large output, written out off the loop
+        if answer.memfd is not None or job.previews is not None:
             return await in_thread(outcome)
         return outcome()
+
+    def _encode_here(self, job: EncodeJob, queue_s: float) -> EncodeOutcome:
+        job.restart_previews()  # begun for a process that then was not there
+        return self._here.encode(job, queue_s)
 
     def _outcome(
         self,
@@ -163,7 +128,7 @@ class InEncoderProcess:
                 answer.memfd = None
         raise error.with_traceback(None)
 
-    def _ask(
+    async def _ask(
         self, job: EncodeJob, pieces: list[PlacedRange], progress: Callable[[int], None]
     ) -> Answer | None:
         """An encoder process's answer; None if none is free (encode here). A process
@@ -179,7 +144,7 @@ class InEncoderProcess:
                     job.see(piece)
             answer = None
             try:
-                answer = proc.encode(assignment, progress, lambda: job.stopped)
+                answer = await proc.encode(assignment, progress, lambda: job.stopped)
                 return answer
             except ProcessGone:
                 if attempt or job.stopped:  # a cancelled request is not tried again

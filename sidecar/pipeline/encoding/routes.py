@@ -35,8 +35,10 @@ class EncodeRoute(Protocol):
         ...
 
 
-def choose_route(job: EncodeJob) -> EncodeRoute:
-    """How `job` encodes, chosen once when it runs (its threads settled)."""
+def choose_route(job: EncodeJob) -> EncodeRoute | InEncoderProcess:
+    """How `job` encodes, chosen once when it runs (its threads settled). The route
+    through an encoder process is awaited on the event loop (see process_route); every
+    other runs on an encode thread."""
     here: InDaemon
     segmented = len(job.segments) > 1
     if job.warmable and job.warm is not None:

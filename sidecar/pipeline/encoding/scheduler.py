@@ -1,7 +1,9 @@
 """The scheduling of encodes: encode slots, the threads, and how many threads a job gets.
 
-Encodes run on threads, never on the event loop, so health and status keep answering
-while a long encode runs; PyAV drops the GIL while it converts, encodes and muxes. A job
+Encodes in the daemon run on threads, never on the event loop, so health and status keep
+answering while a long encode runs; PyAV drops the GIL while it converts, encodes and
+muxes. An encode in an encoder process is sent and awaited from the event loop itself
+(see process_route): there the daemon only hands over and takes back. A job
 holds one of `max_concurrent_encodes` slots while it has frames to encode, and gets a
 share of the cores that depends on how many encodes run beside it.
 
@@ -23,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from ...codec.threads import converts, threading_for
 from ...config_values import cpu_count
@@ -35,6 +38,9 @@ from .routes import choose_route
 # Streams at once: each has an encoder thread of its own (waiting between chunks).
 MAX_STREAMS = 64
 POLL_S = 0.1  # how often a stream waiting for a slot looks at its cancel flag
+
+
+T = TypeVar("T")
 
 
 class Scheduler:
@@ -137,14 +143,13 @@ class Scheduler:
             job.abandon()
 
     async def _encode(self, job: EncodeJob, queue_s: float) -> EncodeOutcome:
-        """A whole video, on its route (see routes). One for an encoder process is sent
-        and awaited from the event loop where it can be (`InEncoderProcess.from_loop`);
-        every other runs on an encode thread."""
+        """A whole video, on its route (see routes): one through an encoder process from
+        the event loop, every other on an encode thread."""
         self._settle(job)
         route = choose_route(job)
         work: asyncio.Future[EncodeOutcome]
-        if isinstance(route, InEncoderProcess) and route.from_loop(job):
-            work = asyncio.ensure_future(route.encode_from_loop(job, queue_s, self._in_thread))
+        if isinstance(route, InEncoderProcess):
+            work = asyncio.ensure_future(route.encode(job, queue_s, self._in_thread))
         else:
             run = functools.partial(route.encode, job, queue_s)
             work = asyncio.get_running_loop().run_in_executor(self._executor, run)
@@ -154,7 +159,9 @@ class Scheduler:
         self, job: EncodeJob, queue_s: float, executor: ThreadPoolExecutor | None = None
     ) -> EncodeOutcome:
         self._settle(job)
-        run = functools.partial(choose_route(job).encode, job, queue_s)
+        route = choose_route(job)
+        assert not isinstance(route, InEncoderProcess)  # a stream never goes to one
+        run = functools.partial(route.encode, job, queue_s)
         work = asyncio.get_running_loop().run_in_executor(executor or self._executor, run)
         return await self._awaited(job, work)
 
@@ -164,7 +171,7 @@ class Scheduler:
         fixed = bool(job.plan.threads or self.encoder_threads)
         job.settle(threads, thread_type, fixed=fixed, cores=cores)
 
-    def _in_thread(self, call: Callable[[], EncodeOutcome]) -> asyncio.Future[EncodeOutcome]:
+    def _in_thread(self, call: Callable[[], T]) -> asyncio.Future[T]:
         return asyncio.get_running_loop().run_in_executor(self._executor, call)
 
     async def _awaited(self, job: EncodeJob, work: asyncio.Future[EncodeOutcome]) -> EncodeOutcome:

@@ -121,7 +121,7 @@ class EncoderProcess:
         self.opening, self.next_key, self.ready_key = True, job.key, None
         self.idle_since = time.monotonic()
 
-    def encode(
+    async def encode(
         self,
         job: Assignment,
         progress: Callable[[int], None] = lambda frames: None,
@@ -129,26 +129,8 @@ class EncoderProcess:
     ) -> Answer:
         """Run `job` there, passing on its progress; once `stopped()`, the process is
         told to stop (it answers Cancelled). ProcessGone if it dies meanwhile, or is
-        killed for not answering within `STOP_GRACE_S` of that."""
-        talk = _Talk(self, job, progress, stopped)
-        try:
-            while True:
-                talk.look()
-                if self._readable(STOP_POLL_S):
-                    answer = talk.heard(self.conn.recv())
-                    if answer is not None:
-                        return answer
-        except (EOFError, OSError):
-            raise self._gone() from None
-
-    async def encode_from_loop(
-        self,
-        job: Assignment,
-        progress: Callable[[int], None] = lambda frames: None,
-        stopped: Callable[[], bool] = lambda: False,
-    ) -> Answer:
-        """`encode`, awaited on the event loop, which watches the pipe: no thread waits
-        for the answer (see `process_route.InEncoderProcess.encode_from_loop`)."""
+        killed for not answering within `STOP_GRACE_S` of that. Awaited on the event
+        loop, which watches the pipe (see `process_route.InEncoderProcess`)."""
         talk = _Talk(self, job, progress, stopped)
         try:
             while True:
@@ -231,9 +213,9 @@ class EncoderProcess:
 
 
 class _Talk:
-    """One assignment's exchange with its process, whoever waits for the replies: sent
-    at once; `look` before each wait (a stopped request's process is told to stop, and
-    killed when it does not); `heard` for each message (the answer ends it)."""
+    """One assignment's exchange with its process: sent at once; `look` before each wait
+    (a stopped request's process is told to stop, and killed when it does not); `heard`
+    for each message (the answer ends it)."""
 
     def __init__(
         self,
