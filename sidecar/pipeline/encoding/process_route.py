@@ -44,8 +44,10 @@ class InEncoderProcess:
     choice of a process, some 0.1 ms; what may wait or work longer runs on an encode
     thread (`in_thread`): the first frame's landing, a large output written out of its
     memfd, the previews' images, an encode in the daemon. A thread waiting on the
-    process in between cost a hand-off each way, and on a GPU host serving eight
-    clients, eight such threads took turns at the GIL with the loop."""
+    process in between cost a hand-off each way, and eight such threads took turns at
+    the GIL with the loop: without them, eight clients' requests spent 5.5-6.6 ms in
+    the daemon instead of 8.3-11.1 (H100), and a 448x256x4 request on two cores about
+    2 ms less (bench/results/2026-12-07-*-loop-route.md)."""
 
     def __init__(self, processes: EncoderProcesses, here: Fallback) -> None:
         self._processes = processes
