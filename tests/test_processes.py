@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -468,6 +469,26 @@ def test_a_hung_process_is_killed_once_its_request_is_cancelled(make_daemon) -> 
         assert c.encode(small).frames == 4  # the one slot is free again
         assert c.status().pool["active_leases"] <= 1  # the client's spare
     assert "did not stop within" in d.log()
+
+
+def test_previews_are_made_beside_an_encoder_process(make_daemon) -> None:  # type: ignore[no-untyped-def]
+    """The event loop hands the leases to the previews as it sends the assignment, and
+    their images are finished on an encode thread: the encode goes to a process, its
+    video is the bytes it is without previews, and every image is of its frames."""
+    clip = moving_pattern(8, 64, 96)
+    d = make_daemon(encoder_processes=2)
+    outputs = encode_until_in_processes(d, clip)
+    with d.client() as c:
+        before = c.status().counters["process_encodes"]
+        result = c.encode(clip, thumbnail=True, sprite_sheet=True)
+        assert c.status().counters["process_encodes"] == before + 1
+        assert c.status().pool["active_leases"] <= 1
+    assert result.data == outputs[-1]
+    thumb, sheet = result.thumbnail, result.sprite_sheet
+    assert thumb is not None and sheet is not None and sheet.frames == tuple(range(8))
+    for preview in (thumb, sheet):
+        picture = av.open(io.BytesIO(preview.data))
+        assert next(picture.decode(video=0)).width == preview.width
 
 
 def test_a_large_output_comes_back_as_a_descriptor(make_daemon) -> None:  # type: ignore[no-untyped-def]
