@@ -213,9 +213,9 @@ def test_keys_travel_to_the_process() -> None:
 
 
 def test_keys_are_one_object_per_settings_and_hash_anew_in_each_process() -> None:
-    """The pool compares keys by identity: `of` gives the one object for its settings, a
-    key sent back by a process is made that object again (`interned`), and a pickled key
-    carries no hash: a str's hash differs from process to process."""
+    """The pool's keys are one object per settings: `of` gives the one object for its
+    settings, a key sent back by a process is made that object again (`interned`), and
+    a key sent to another process (another hash seed) finds its settings there."""
     import pickle
     import sys
     from fractions import Fraction

@@ -134,7 +134,7 @@ class Scheduler:
         self._jobs.add(job)
         try:
             job.slots = slots = StreamSlots(self, job)
-            return await self._run_in_thread(job, 0.0, self._stream_threads)
+            return await self._encode(job, 0.0, self._stream_threads)
         finally:
             if job.slots is slots:
                 slots.release()
@@ -142,9 +142,11 @@ class Scheduler:
             self._jobs.discard(job)
             job.abandon()
 
-    async def _encode(self, job: EncodeJob, queue_s: float) -> EncodeOutcome:
-        """A whole video, on its route (see routes): one through an encoder process from
-        the event loop, every other on an encode thread."""
+    async def _encode(
+        self, job: EncodeJob, queue_s: float, executor: ThreadPoolExecutor | None = None
+    ) -> EncodeOutcome:
+        """`job` on its route (see routes): through an encoder process from the event loop
+        (a whole video only), every other on a thread of `executor` (the encode threads)."""
         self._settle(job)
         route = choose_route(job)
         work: asyncio.Future[EncodeOutcome]
@@ -152,29 +154,7 @@ class Scheduler:
             work = asyncio.ensure_future(route.encode(job, queue_s, self._in_thread))
         else:
             run = functools.partial(route.encode, job, queue_s)
-            work = asyncio.get_running_loop().run_in_executor(self._executor, run)
-        return await self._awaited(job, work)
-
-    async def _run_in_thread(
-        self, job: EncodeJob, queue_s: float, executor: ThreadPoolExecutor | None = None
-    ) -> EncodeOutcome:
-        self._settle(job)
-        route = choose_route(job)
-        assert not isinstance(route, InEncoderProcess)  # a stream never goes to one
-        run = functools.partial(route.encode, job, queue_s)
-        work = asyncio.get_running_loop().run_in_executor(executor or self._executor, run)
-        return await self._awaited(job, work)
-
-    def _settle(self, job: EncodeJob) -> None:
-        """The job's threads, as it starts (`EncodeJob.settle`)."""
-        threads, thread_type, cores = self.threading(job)
-        fixed = bool(job.plan.threads or self.encoder_threads)
-        job.settle(threads, thread_type, fixed=fixed, cores=cores)
-
-    def _in_thread(self, call: Callable[[], T]) -> asyncio.Future[T]:
-        return asyncio.get_running_loop().run_in_executor(self._executor, call)
-
-    async def _awaited(self, job: EncodeJob, work: asyncio.Future[EncodeOutcome]) -> EncodeOutcome:
+            work = asyncio.get_running_loop().run_in_executor(executor or self._executor, run)
         try:
             return await asyncio.shield(work)
         except asyncio.CancelledError:
@@ -185,6 +165,15 @@ class Scheduler:
                 with contextlib.suppress(BaseException):
                     await work
             raise
+
+    def _settle(self, job: EncodeJob) -> None:
+        """The job's threads, as it starts (`EncodeJob.settle`)."""
+        threads, thread_type, cores = self.threading(job)
+        fixed = bool(job.plan.threads or self.encoder_threads)
+        job.settle(threads, thread_type, fixed=fixed, cores=cores)
+
+    def _in_thread(self, call: Callable[[], T]) -> asyncio.Future[T]:
+        return asyncio.get_running_loop().run_in_executor(self._executor, call)
 
     def threading(self, job: EncodeJob) -> tuple[int, str, int]:
         """(threads, thread_type, cores) for a job: the request's or config's count, else

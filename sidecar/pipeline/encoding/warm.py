@@ -46,7 +46,7 @@ SPACED_IDLE_S = 0.05  # a ready encoder that waited this long served spaced-out 
 WAIT_FOR_OPENING_S = 0.05  # longest a request waits for an encoder already opening
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class EncoderKey:
     geometry: Geometry
     encoder: str
@@ -54,32 +54,6 @@ class EncoderKey:
     gop: int | None
     thread_type: str
     threads: int  # as asked for (request or config); 0: a share of the cores
-
-    # Compared and hashed many times a request: choosing among nine encoder processes
-    # took 77-88 us (quiet, 2-core machine), nearly all of it comparing equal keys field
-    # by field (a Fraction, a dozen options), for each process twice. So the daemon
-    # keeps one object per settings (`of`, and `interned` for those sent back by a
-    # process), which compare by identity; the hash is made once.
-    def _fields(self) -> tuple[object, ...]:
-        return (self.geometry, self.encoder, self.options, self.gop, self.thread_type, self.threads)
-
-    def __hash__(self) -> int:
-        cached: int | None = self.__dict__.get("_hash")
-        if cached is None:
-            cached = hash(self._fields())
-            object.__setattr__(self, "_hash", cached)
-        return cached
-
-    def __eq__(self, other: object) -> bool:
-        if self is other:
-            return True
-        if not isinstance(other, EncoderKey):
-            return NotImplemented
-        return hash(self) == hash(other) and self._fields() == other._fields()
-
-    def __getstate__(self) -> dict[str, object]:
-        # Sent to encoder processes and back: a str's hash differs between processes.
-        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
     @classmethod
     def of(
@@ -91,12 +65,17 @@ class EncoderKey:
         )
 
 
+# The daemon keeps one key object per settings (`EncoderKey.of`, and `interned` for keys
+# an encoder process sends back): choosing among nine encoder processes compares and
+# counts their keys, twice a request, and equal keys that are distinct objects were
+# compared field by field (a Fraction, a dozen options): 77-88 us a request on the 2-core
+# machine, quiet, against 21 us for one object per settings.
 _KEYS: dict[EncoderKey, EncoderKey] = {}
 _MOST_KEYS = 256  # settings remembered; past that the table starts again
 
 
 def interned(key: EncoderKey) -> EncoderKey:
-    """The one object for `key`'s settings (see `EncoderKey`)."""
+    """The one object for `key`'s settings."""
     found = _KEYS.get(key)
     if found is None:
         if len(_KEYS) >= _MOST_KEYS:

@@ -131,16 +131,39 @@ class EncoderProcess:
         told to stop (it answers Cancelled). ProcessGone if it dies meanwhile, or is
         killed for not answering within `STOP_GRACE_S` of that. Awaited on the event
         loop, which watches the pipe (see `process_route.InEncoderProcess`)."""
-        talk = _Talk(self, job, progress, stopped)
+        told_to_stop_at: float | None = None
+        # A process still opening an encoder for `job` reads it once that is done.
+        waits = self.opening and self.next_key == job.key
+        sent_at = time.perf_counter()
         try:
+            self.conn.send(job)
             while True:
-                talk.look()
-                if await self._readable_from_loop(STOP_POLL_S):
-                    answer = talk.heard(self.conn.recv())
-                    if answer is not None:
-                        return answer
+                if told_to_stop_at is None and stopped():
+                    self.conn.send(Stop())
+                    told_to_stop_at = time.monotonic()
+                # Checked whatever the process says: one that sends progress and does not
+                # stop is killed as surely as one that says nothing.
+                if told_to_stop_at is not None and (
+                    time.monotonic() - told_to_stop_at > STOP_GRACE_S
+                ):
+                    self._kill_hung()
+                if not await self._readable_from_loop(STOP_POLL_S):
+                    continue
+                message = self.conn.recv()
+                if isinstance(message, Answer):
+                    if message.in_file:
+                        message.memfd = self._descriptor()
+                    if waits and "open" in message.timings_s:
+                        message.timings_s["open"] += max(0.0, message.received_at - sent_at)
+                    self.opening, self.next_key, self.ready_key = True, job.key, None
+                    return message
+                if isinstance(message, FramesEncoded):
+                    progress(message.frames)
+                else:
+                    self._heard(message)
         except (EOFError, OSError):
-            raise self._gone() from None
+            self.broken = True
+            raise ProcessGone("an encoder process stopped during the encode") from None
 
     async def _readable_from_loop(self, timeout_s: float) -> bool:
         """`_readable`, waited for on the running loop, at most `timeout_s`."""
@@ -165,10 +188,6 @@ class EncoderProcess:
             # writes (multiprocessing's) want it blocking.
             os.set_blocking(fd, True)
         return self._readable(0.0)
-
-    def _gone(self) -> ProcessGone:
-        self.broken = True
-        return ProcessGone("an encoder process stopped during the encode")
 
     def _kill_hung(self) -> NoReturn:
         log.warning(
@@ -210,60 +229,6 @@ class EncoderProcess:
         except subprocess.TimeoutExpired:
             self.popen.kill()
             self.popen.wait()
-
-
-class _Talk:
-    """One assignment's exchange with its process: sent at once; `look` before each wait
-    (a stopped request's process is told to stop, and killed when it does not); `heard`
-    for each message (the answer ends it)."""
-
-    def __init__(
-        self,
-        proc: EncoderProcess,
-        job: Assignment,
-        progress: Callable[[int], None],
-        stopped: Callable[[], bool],
-    ) -> None:
-        self._proc, self._job = proc, job
-        self._progress, self._stopped = progress, stopped
-        self._told_to_stop_at: float | None = None
-        # A process still opening an encoder for `job` reads it once that is done.
-        self._waits = proc.opening and proc.next_key == job.key
-        self._sent_at = time.perf_counter()
-        try:
-            proc.conn.send(job)
-        except OSError:
-            raise proc._gone() from None
-
-    def look(self) -> None:
-        """Tell a stopped request's process to stop; ProcessGone once it has had
-        `STOP_GRACE_S` to do so. (Checked whatever the process says: one
-        that sends progress and does not stop is killed as surely as one that says
-        nothing.)"""
-        proc = self._proc
-        if self._told_to_stop_at is None and self._stopped():
-            proc.conn.send(Stop())
-            self._told_to_stop_at = time.monotonic()
-        if self._told_to_stop_at is not None and (
-            time.monotonic() - self._told_to_stop_at > STOP_GRACE_S
-        ):
-            proc._kill_hung()
-
-    def heard(self, message: object) -> Answer | None:
-        """The answer, once `message` is it."""
-        proc = self._proc
-        if isinstance(message, Answer):
-            if message.in_file:
-                message.memfd = proc._descriptor()
-            if self._waits and "open" in message.timings_s:
-                message.timings_s["open"] += max(0.0, message.received_at - self._sent_at)
-            proc.opening, proc.next_key, proc.ready_key = True, self._job.key, None
-            return message
-        if isinstance(message, FramesEncoded):
-            self._progress(message.frames)
-        else:
-            proc._heard(message)
-        return None
 
 
 def log_stopped(popen: subprocess.Popen[bytes]) -> None:
