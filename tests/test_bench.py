@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from sidecar.errors import InvalidRequest
+
 
 def test_the_floor_times_upstream_and_x264_alone_side_by_side(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -149,6 +151,32 @@ def test_the_rdt_suite_records_time_size_and_quality_side_by_side(tmp_path: Path
     assert fast["bytes"] > balanced["bytes"]  # the fast profile's size cost
     with pytest.raises(SystemExit, match="profiles"):
         rdt.main(["--variants", "sidecar_quick"])
+
+
+def test_x264_options_are_timed_beside_balanced_and_export_to_video(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each set is balanced plus a request's x264-params, checked as the daemon checks
+    them; its bytes and PSNR against export_to_video's settings say whether it keeps
+    balanced's bounds."""
+    from bench import x264_options
+
+    out = tmp_path / "options.json"
+    argv = ["--shapes", "96x64x6", "--contents", "smooth", "--rounds", "1", "--cores", "4",
+            "--sets", "sub=subme=1;sf=preset=superfast:mbtree=1", "--json", str(out)]  # fmt: skip
+    assert x264_options.main(argv) == 0
+    rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
+    assert list(rows) == ["export_to_video", "balanced", "sub", "sf"]
+    assert rows["export_to_video"]["extra"]["options"] == {"preset": "medium", "crf": "25"}
+    assert rows["sf"]["extra"]["options"]["preset"] == "superfast"
+    assert "subme=1" in rows["sub"]["extra"]["options"]["x264-params"]
+    for row in rows.values():
+        assert row["extra"]["bytes"] > 0 and row["extra"]["psnr_db"] > 30
+    assert "| sub |" in capsys.readouterr().out
+    with pytest.raises(InvalidRequest, match="x264-params"):
+        x264_options.main(["--shapes", "96x64x6", "--sets", "bad=frobnicate=1"])
+    with pytest.raises(SystemExit, match="--sets"):
+        x264_options.main(["--sets", "no params"])
 
 
 def test_the_cold_suite_times_fresh_workers_against_upstream(tmp_path: Path) -> None:
