@@ -117,6 +117,7 @@ def encode(
         if codec is None:
             stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
             ctx.thread_type, ctx.thread_count = "FRAME", cores * 3 // 2  # x264's own count
+            ctx.colorspace = ctx.color_primaries = ctx.color_trc = ctx.color_range = 1  # BT.709
             ctx.options = dict(ANCHOR)
         else:
             geometry = check_geometry(w, h, "yuv420p", Fraction(FPS), LIMITS)
