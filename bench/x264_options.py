@@ -31,7 +31,6 @@ import statistics
 import sys
 import time
 from fractions import Fraction
-from typing import Any
 
 import av
 import numpy as np
@@ -42,7 +41,7 @@ from sidecar.codec.encoder import configure_context
 from sidecar.codec.frames import Limits, check_geometry
 from sidecar.codec.threads import threading_for
 
-from .common import Row, git_commit, machine, parse_shape, write_json
+from .common import Row, parse_shape, run_meta, write_json
 from .rdt import ANCHOR, CONTENTS, FPS, SHAPES, content
 from .rdt_report import decoded, psnr
 
@@ -227,15 +226,8 @@ def main(argv: list[str] | None = None) -> int:
             rows += (some := measure(shape, name, sets, cores, args.rounds))
             print(table(some) + "\n", flush=True)
     if args.json:
-        meta: dict[str, Any] = {
-            "date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
-            "command": " ".join(
-                ["python -m bench.x264_options", *(sys.argv[1:] if argv is None else argv)]
-            ),
-            "machine": machine(),
-            "commit": git_commit(),
-            "cores": cores,
-        }
+        given = sys.argv[1:] if argv is None else argv
+        meta = run_meta("bench.x264_options", given, "cpu") | {"cores": cores}
         write_json(args.json, meta, rows)
     return 0
 
