@@ -219,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1 or args.cores < 0:
         raise SystemExit("--rounds must be 1 or more and --cores 0 or more")
     sets = parse_sets(args.sets)
+    for params in sets.values():  # refused before any work, as the daemon refuses them
+        resolved(params, args.shapes.split(",")[0])
     cores = args.cores or len(os.sched_getaffinity(0))
     rows: list[Row] = []
     for shape in args.shapes.split(","):

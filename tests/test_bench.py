@@ -174,7 +174,7 @@ def test_x264_options_are_timed_beside_balanced_and_export_to_video(
         assert row["extra"]["bytes"] > 0 and row["extra"]["psnr_db"] > 30
     assert "| sub |" in capsys.readouterr().out
     with pytest.raises(InvalidRequest, match="x264-params"):
-        x264_options.main(["--shapes", "96x64x6", "--sets", "bad=frobnicate=1"])
+        x264_options.main(["--contents", "smooth", "--sets", "bad=frobnicate=1"])
     with pytest.raises(SystemExit, match="--sets"):
         x264_options.main(["--sets", "no params"])
 
