@@ -34,18 +34,18 @@ from fractions import Fraction
 
 import av
 import numpy as np
-from av.video.reformatter import ColorRange, Colorspace, VideoReformatter
 
 from sidecar.codec.catalogue import CodecSpec, ResolvedCodec
+from sidecar.codec.colour import FrameConverter
 from sidecar.codec.encoder import configure_context
-from sidecar.codec.frames import Limits, check_geometry
+from sidecar.codec.frames import check_geometry
 from sidecar.codec.threads import threading_for
 
 from .common import Row, parse_shape, run_meta, write_json
+from .floor import LIMITS
 from .rdt import ANCHOR, CONTENTS, FPS, SHAPES, content
 from .rdt_report import decoded, psnr
 
-LIMITS = Limits(100_000, 8192, 8192, 1 << 40)
 # What was tried on 2026-12-07 (bench/results/2026-12-07-h100-x264-options.md).
 DEFAULT_SETS = (
     "dia=me=dia",
@@ -83,20 +83,10 @@ def resolved(params: str, shape: str) -> ResolvedCodec:
 
 
 def yuv(frames: np.ndarray) -> list[np.ndarray]:
-    reformatter = VideoReformatter()
-    planes = []
-    for image in frames:
-        frame = reformatter.reformat(
-            av.VideoFrame.from_ndarray(image, format="rgb24"),
-            format="yuv420p",
-            src_colorspace=Colorspace.ITU709,
-            dst_colorspace=Colorspace.ITU709,
-            src_color_range=ColorRange.JPEG,
-            dst_color_range=ColorRange.MPEG,
-            interpolation="BICUBIC",
-        )
-        planes.append(frame.to_ndarray())
-    return planes
+    """The frames in yuv420p, converted as the daemon converts them (`FrameConverter`)."""
+    _, h, w, _ = frames.shape
+    converter = FrameConverter(check_geometry(w, h, "rgb24", Fraction(FPS), LIMITS), 1)
+    return [converter.frame(image).to_ndarray() for image in frames]
 
 
 def _cpu_s() -> float:
