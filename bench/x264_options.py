@@ -40,6 +40,7 @@ from sidecar.codec.colour import FrameConverter
 from sidecar.codec.encoder import configure_context
 from sidecar.codec.frames import check_geometry
 from sidecar.codec.threads import threading_for
+from sidecar.errors import InvalidRequest
 
 from .common import Row, parse_shape, run_meta, write_json
 from .floor import LIMITS
@@ -209,8 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1 or args.cores < 0:
         raise SystemExit("--rounds must be 1 or more and --cores 0 or more")
     sets = parse_sets(args.sets)
-    for params in sets.values():  # refused before any work, as the daemon refuses them
-        resolved(params, args.shapes.split(",")[0])
+    for name, params in sets.items():  # refused before any work, as the daemon refuses them
+        try:
+            resolved(params, args.shapes.split(",")[0])
+        except InvalidRequest as exc:
+            raise SystemExit(f"--sets: {name}: {exc}") from None
     cores = args.cores or len(os.sched_getaffinity(0))
     rows: list[Row] = []
     for shape in args.shapes.split(","):
